@@ -19,9 +19,10 @@ Registrar = Callable[["Subparsers[argparse.ArgumentParser]"], None]
 
 def _registrars() -> list[Registrar]:
     # One line per area; keep the imports here so a broken area names itself in the traceback.
+    from smoothscale.api.cli import register as register_api
     from smoothscale.devcluster.cli import register as register_dev
 
-    return [register_dev]
+    return [register_api, register_dev]
 
 
 def build_parser() -> argparse.ArgumentParser:
