@@ -1,0 +1,228 @@
+"""The assignment channel: the operator tells each instance which tasks it holds, and how.
+
+The operator writes one record per instance to the compacted, single-partition topic
+`<appId>-assignments` (key = instance id, value = the JSON of `Assignment`); see
+docs/architecture.md, "The assignment channel". Because the topic is compacted, the newest
+record per instance is all that survives; because an operator that lost its leadership could
+still write a late, stale record, readers keep the record with the highest generation rather
+than the last one. A tombstone (null value) forgets an instance whose pod is gone.
+"""
+
+import json
+import time
+from collections.abc import Mapping
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    Message,
+    Producer,
+    TopicPartition,
+)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from smoothscale.kafka import names
+from smoothscale.tasks import TaskId, TaskRole
+
+
+class TaskAssignment(BaseModel):
+    """How one instance holds one task."""
+
+    model_config = ConfigDict(populate_by_name=True, frozen=True, extra="forbid")
+
+    role: TaskRole
+    epoch: int = Field(ge=0, description="The task's ownership epoch; bumped at every new owner.")
+    restore_until: dict[str, int] | None = Field(
+        default=None,
+        alias="restoreUntil",
+        description="Per state store, the changelog offset the previous owner acknowledged "
+        "on release; the new active restores at least up to it before processing.",
+    )
+
+
+class Assignment(BaseModel):
+    """Everything one instance holds, as of one generation of the app's assignment."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    generation: int = Field(ge=0)
+    tasks: dict[TaskId, TaskAssignment] = Field(default_factory=dict)
+
+    def tasks_in(self, role: TaskRole) -> set[TaskId]:
+        return {task for task, held in self.tasks.items() if held.role is role}
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json(by_alias=True, exclude_none=True).encode()
+
+
+class AssignmentDecodeError(ValueError):
+    """An assignment record that is not the JSON of an Assignment."""
+
+
+def decode_assignment(value: bytes) -> Assignment:
+    try:
+        return Assignment.model_validate_json(value)
+    except ValidationError as error:
+        raise AssignmentDecodeError(f"not an assignment record: {error}") from error
+
+
+def _client_config(bootstrap_servers: str, extra: Mapping[str, str] | None) -> dict[str, str]:
+    return {"bootstrap.servers": bootstrap_servers, **(extra or {})}
+
+
+class AssignmentWriter:
+    """Writes assignments (the operator's side; tests acting as the operator use it too)."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        app_id: str,
+        client_config: Mapping[str, str] | None = None,
+    ) -> None:
+        self.topic = names.assignments_topic(app_id)
+        self._producer = Producer(
+            {
+                **_client_config(bootstrap_servers, client_config),
+                "enable.idempotence": True,
+                "acks": "all",
+            }
+        )
+
+    def write(self, instance_id: str, assignment: Assignment, timeout: float = 10.0) -> None:
+        """Write `assignment` for `instance_id` and wait until Kafka has it."""
+        self._send(instance_id.encode(), assignment.to_json(), timeout)
+
+    def forget(self, instance_id: str, timeout: float = 10.0) -> None:
+        """Write a tombstone for an instance that is gone, so compaction drops its record."""
+        self._send(instance_id.encode(), None, timeout)
+
+    def _send(self, key: bytes, value: bytes | None, timeout: float) -> None:
+        errors: list[KafkaError] = []
+
+        def on_delivery(error: KafkaError | None, _message: Message) -> None:
+            if error is not None:
+                errors.append(error)
+
+        self._producer.produce(self.topic, key=key, value=value, on_delivery=on_delivery)
+        remaining = self._producer.flush(timeout)
+        if remaining:
+            raise TimeoutError(
+                f"the assignment for {key.decode()!r} was not acknowledged by Kafka within "
+                f"{timeout} s (is {self.topic!r} reachable?)"
+            )
+        if errors:
+            raise RuntimeError(f"Kafka refused the assignment for {key.decode()!r}: {errors[0]}")
+
+    def close(self) -> None:
+        self._producer.flush(10.0)
+
+
+class AssignmentFollower:
+    """An instance's view of the assignments topic: the newest assignment for itself.
+
+    It reads the whole (compacted) topic from the start, then follows it; `poll` returns an
+    assignment only when one with a higher generation than the last it returned has arrived.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        app_id: str,
+        instance_id: str,
+        client_config: Mapping[str, str] | None = None,
+    ) -> None:
+        self.instance_id = instance_id
+        self._key = instance_id.encode()
+        self.topic = names.assignments_topic(app_id)
+        self.generation = -1
+        self._consumer = Consumer(
+            {
+                **_client_config(bootstrap_servers, client_config),
+                "group.id": names.reader_group(app_id),
+                "enable.auto.commit": False,
+                "enable.partition.eof": False,
+            }
+        )
+        self._consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
+
+    def poll(self, timeout: float = 0.0) -> Assignment | None:
+        """The newest assignment for this instance that arrived since the last call, if any.
+
+        Waits up to `timeout` seconds for the first record, then takes whatever else is ready.
+        """
+        newest: Assignment | None = None
+        deadline = time.monotonic() + timeout
+        while True:
+            # consume() waits for its whole batch: wait for one record, then take what is ready.
+            wait = max(0.0, deadline - time.monotonic()) if newest is None else 0.0
+            messages = self._consumer.consume(num_messages=1, timeout=wait)
+            if not messages:
+                return newest
+            messages += self._consumer.consume(num_messages=500, timeout=0)
+            for message in messages:
+                if message.error() is not None or message.key() != self._key:
+                    continue
+                value = message.value()
+                if value is None:
+                    continue
+                assignment = decode_assignment(value)
+                if assignment.generation > self.generation:
+                    self.generation = assignment.generation
+                    newest = assignment
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def read_assignments(
+    bootstrap_servers: str,
+    app_id: str,
+    client_config: Mapping[str, str] | None = None,
+    timeout: float = 10.0,
+) -> dict[str, Assignment]:
+    """Every instance's current assignment, read to the end of the assignments topic."""
+    topic = names.assignments_topic(app_id)
+    consumer = Consumer(
+        {
+            **_client_config(bootstrap_servers, client_config),
+            "group.id": names.reader_group(app_id),
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        _low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout)
+        current: dict[str, Assignment] = {}
+        if high <= 0:
+            return current
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        deadline = time.monotonic() + timeout
+        while consumer.position([TopicPartition(topic, 0)])[0].offset < high:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"could not read {topic!r} to its end within {timeout} s")
+            for message in consumer.consume(num_messages=500, timeout=0.5):
+                key = message.key()
+                if message.error() is not None or key is None:
+                    continue
+                instance_id = key.decode()
+                value = message.value()
+                if value is None:
+                    current.pop(instance_id, None)
+                    continue
+                assignment = decode_assignment(value)
+                held = current.get(instance_id)
+                if held is None or assignment.generation > held.generation:
+                    current[instance_id] = assignment
+        return current
+    finally:
+        consumer.close()
+
+
+def describe(assignment: Assignment) -> str:
+    """A one-line, human-readable summary (for logs and the pod annotation)."""
+    return json.dumps(
+        {
+            str(task): f"{held.role.value}@{held.epoch}"
+            for task, held in sorted(assignment.tasks.items())
+        }
+    )

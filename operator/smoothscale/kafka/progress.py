@@ -1,0 +1,280 @@
+"""The report channel: instances tell the operator how far each task's state has got.
+
+Each instance commits, in its own consumer group `<appId>-instance-<instanceId>`, one offset
+per changelog partition it holds: the next changelog offset it has applied to its local store
+(its restore position), with the commit metadata `{"role", "epoch", "generation"}` as JSON
+(docs/architecture.md, "The report channel"; docs/decisions/report-channel.md says why).
+
+The operator reads every instance's reports with one OffsetFetch per instance and the changelog
+end offsets with one ListOffsets request for all partitions, so a poll costs O(instances)
+requests whatever the number of tasks:
+
+    lag(task, instance) = sum over stores of (changelog end offset - reported restore position)
+
+The end offset is the last stable offset (read_committed), the furthest a restore can get.
+"""
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from confluent_kafka import Consumer, IsolationLevel, TopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._listoffsets import OffsetSpec
+
+from smoothscale.kafka import names
+from smoothscale.tasks import TaskId
+
+_OFFSET_INVALID = -1001
+
+
+class ReportedRole(StrEnum):
+    """The role an instance reports for a task: a TaskRole, or `released` after a hand-over."""
+
+    ACTIVE = "active"
+    STANDBY = "standby"
+    WARMUP = "warmup"
+    RELEASED = "released"
+    """The instance held the task active and has let it go; its positions are final."""
+
+
+@dataclass(frozen=True)
+class TaskReport:
+    """What an instance reports for one task."""
+
+    task: TaskId
+    role: ReportedRole
+    epoch: int
+    generation: int
+    positions: Mapping[str, int]
+    """Per state store, the next changelog offset applied to the local store."""
+
+    def metadata(self) -> str:
+        return json.dumps(
+            {"role": self.role.value, "epoch": self.epoch, "generation": self.generation},
+            separators=(",", ":"),
+        )
+
+
+@dataclass(frozen=True)
+class TaskProgress:
+    """One instance's report for one task, with its changelog lag."""
+
+    instance_id: str
+    report: TaskReport
+    lag: int
+    """Changelog records (summed over stores) the instance still has to restore."""
+
+
+def _latest_offset_spec() -> OffsetSpec:
+    spec: OffsetSpec = OffsetSpec.latest()  # type: ignore[no-untyped-call]  # untyped upstream
+    return spec
+
+
+def _client_config(
+    bootstrap_servers: str, extra: Mapping[str, str] | None
+) -> dict[str, str | int | float | bool]:
+    return {"bootstrap.servers": bootstrap_servers, **(extra or {})}
+
+
+class ProgressCommitter:
+    """The instance's side: commits its task reports in its own consumer group."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        app_id: str,
+        instance_id: str,
+        changelog_topics: Mapping[str, str],
+        client_config: Mapping[str, str] | None = None,
+    ) -> None:
+        self.group = names.instance_group(app_id, instance_id)
+        self._changelog_topics = dict(changelog_topics)
+        self._consumer = Consumer(
+            {
+                **_client_config(bootstrap_servers, client_config),
+                "group.id": self.group,
+                "enable.auto.commit": False,
+            }
+        )
+
+    def commit(self, reports: Iterable[TaskReport]) -> None:
+        """Commit `reports` in one OffsetCommit request and wait for the answer."""
+        offsets = [
+            TopicPartition(
+                self._changelog_topics[store], report.task, position, metadata=report.metadata()
+            )
+            for report in reports
+            for store, position in sorted(report.positions.items())
+        ]
+        if offsets:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def parse_report(
+    task: TaskId, metadata: str | None, positions: Mapping[str, int]
+) -> TaskReport | None:
+    """The report committed with `metadata`, or None when the commit is not a smoothscale report."""
+    if not metadata:
+        return None
+    try:
+        fields = json.loads(metadata)
+        return TaskReport(
+            task=task,
+            role=ReportedRole(fields["role"]),
+            epoch=int(fields["epoch"]),
+            generation=int(fields["generation"]),
+            positions=dict(positions),
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+class ProgressReader:
+    """The operator's side: every instance's reports and the lag they imply.
+
+    Keeps one consumer per instance group (librdkafka fetches a group's offsets only through a
+    consumer of that group; the mock broker has no admin ListConsumerGroupOffsets) and one admin
+    client for the end offsets. Close it when done.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        app_id: str,
+        changelog_topics: Mapping[str, str],
+        client_config: Mapping[str, str] | None = None,
+        timeout: float = 10.0,
+    ) -> None:
+        self.app_id = app_id
+        self._changelog_topics = dict(changelog_topics)
+        self._config = _client_config(bootstrap_servers, client_config)
+        self._timeout = timeout
+        self._consumers: dict[str, Consumer] = {}
+        self._admin = AdminClient(self._config)
+
+    def end_offsets(self, tasks: int) -> dict[tuple[str, TaskId], int]:
+        """The last stable offset of every changelog partition, per (store, task)."""
+        requests = {
+            TopicPartition(topic, task): _latest_offset_spec()
+            for topic in self._changelog_topics.values()
+            for task in range(tasks)
+        }
+        if not requests:
+            return {}
+        futures = self._admin.list_offsets(
+            requests,
+            isolation_level=IsolationLevel.READ_COMMITTED,
+            request_timeout=self._timeout,
+        )
+        store_of = {topic: store for store, topic in self._changelog_topics.items()}
+        return {
+            (store_of[partition.topic], partition.partition): future.result().offset
+            for partition, future in futures.items()
+        }
+
+    def reports(self, instance_id: str, tasks: int) -> dict[TaskId, TaskReport]:
+        """Instance `instance_id`'s reports for tasks 0..tasks-1, fetched in one request."""
+        consumer = self._consumers.get(instance_id)
+        if consumer is None:
+            consumer = Consumer(
+                {
+                    **self._config,
+                    "group.id": names.instance_group(self.app_id, instance_id),
+                    "enable.auto.commit": False,
+                }
+            )
+            self._consumers[instance_id] = consumer
+        store_of = {topic: store for store, topic in self._changelog_topics.items()}
+        committed = consumer.committed(
+            [
+                TopicPartition(topic, task)
+                for topic in self._changelog_topics.values()
+                for task in range(tasks)
+            ],
+            timeout=self._timeout,
+        )
+        positions: dict[TaskId, dict[str, int]] = {}
+        metadata: dict[TaskId, str | None] = {}
+        for partition in committed:
+            if partition.offset == _OFFSET_INVALID:
+                continue
+            positions.setdefault(partition.partition, {})[store_of[partition.topic]] = (
+                partition.offset
+            )
+            metadata.setdefault(partition.partition, partition.metadata)
+        found = {
+            task: parse_report(task, metadata[task], store_positions)
+            for task, store_positions in positions.items()
+        }
+        return {task: report for task, report in found.items() if report is not None}
+
+    def read(
+        self, instance_ids: Iterable[str], tasks: int
+    ) -> dict[tuple[str, TaskId], TaskProgress]:
+        """Every instance's report per task, with its lag against the current end offsets."""
+        ends = self.end_offsets(tasks)
+        progress: dict[tuple[str, TaskId], TaskProgress] = {}
+        for instance_id in instance_ids:
+            for task, report in self.reports(instance_id, tasks).items():
+                lag = sum(
+                    max(0, ends.get((store, task), 0) - report.positions.get(store, 0))
+                    for store in self._changelog_topics
+                )
+                progress[(instance_id, task)] = TaskProgress(instance_id, report, lag)
+        return progress
+
+    def forget(self, instance_id: str) -> None:
+        """Drop the consumer kept for an instance that is gone."""
+        consumer = self._consumers.pop(instance_id, None)
+        if consumer is not None:
+            consumer.close()
+
+    def close(self) -> None:
+        for instance_id in list(self._consumers):
+            self.forget(instance_id)
+
+
+class InputPositionCommitter:
+    """The input positions in the app's group `<appId>`, for external lag tools (KEDA, Burrow).
+
+    Informational only: the positions that count live in each task's state and changelog. A task
+    that has no state yet starts from here (or from the earliest offset).
+    """
+
+    def __init__(
+        self, bootstrap_servers: str, app_id: str, client_config: Mapping[str, str] | None = None
+    ) -> None:
+        self.group = names.input_position_group(app_id)
+        self._consumer = Consumer(
+            {
+                **_client_config(bootstrap_servers, client_config),
+                "group.id": self.group,
+                "enable.auto.commit": False,
+            }
+        )
+
+    def commit(self, positions: Mapping[tuple[str, int], int]) -> None:
+        """Commit the next offset to process per (input topic, partition)."""
+        offsets = [
+            TopicPartition(topic, partition, offset)
+            for (topic, partition), offset in sorted(positions.items())
+        ]
+        if offsets:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+
+    def committed(
+        self, topics: Iterable[str], partition: int, timeout: float = 10.0
+    ) -> dict[str, int]:
+        """The committed next offset per input topic for one partition (absent: none)."""
+        found = self._consumer.committed(
+            [TopicPartition(topic, partition) for topic in topics], timeout=timeout
+        )
+        return {tp.topic: tp.offset for tp in found if tp.offset >= 0}
+
+    def close(self) -> None:
+        self._consumer.close()

@@ -1,0 +1,239 @@
+"""Restoring task state from the changelog: the background loop and the catch-up before activation.
+
+A plain confluent-kafka consumer (read_committed, assign() only, never commits) reads each
+task's changelog partitions from the restore position kept in the task's local store and
+applies the records with `changelog.fold`. The restore position is the consumer's position(),
+not the last record's offset + 1: transaction commit markers take offsets but are never
+delivered, so "last offset + 1" would stop short of the end forever.
+
+`RestoreLoop` is the thread that keeps warm-up and standby tasks following their changelogs.
+`catch_up` restores one task synchronously up to given offsets, for a task being activated.
+"""
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from smoothscale.kafka import names
+from smoothscale.runtime.changelog import ChangelogFormatError, fold, parse_record
+from smoothscale.runtime.config import WorkerConfig
+from smoothscale.runtime.store import TaskState
+from smoothscale.tasks import TaskId
+
+log = logging.getLogger(__name__)
+
+_BATCH = 2000
+RestoredCallback = Callable[[TaskId, int], None]
+"""Called with (task, records applied) after each restored batch."""
+
+
+def restore_consumer(config: WorkerConfig) -> Consumer:
+    """A read_committed consumer that only assign()s changelog partitions and never commits."""
+    return Consumer(
+        {
+            **config.client_config(),
+            "group.id": names.reader_group(config.app_id),
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+            "enable.partition.eof": False,
+        }
+    )
+
+
+@dataclass(frozen=True)
+class _Partition:
+    task: TaskId
+    store: str
+
+
+class _Applier:
+    """Applies consumed changelog messages to the task states they belong to."""
+
+    def __init__(self, changelog_topics: Mapping[str, str]) -> None:
+        self._store_of = {topic: store for store, topic in changelog_topics.items()}
+        self._topic_of = dict(changelog_topics)
+
+    def partitions(self, state: TaskState) -> list[TopicPartition]:
+        return [
+            TopicPartition(self._topic_of[store], state.task, state.position(store))
+            for store in state.stores
+        ]
+
+    def apply(
+        self, consumer: Consumer, messages: list[Message], states: Mapping[TaskId, TaskState]
+    ) -> dict[TaskId, int]:
+        """Apply `messages`; returns the records applied or skipped per task."""
+        runs: dict[tuple[str, int], list[Message]] = {}
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    log.warning("changelog read error: %s", error)
+                continue
+            topic, partition = message.topic(), message.partition()
+            if topic is None or partition is None or partition not in states:
+                continue
+            runs.setdefault((topic, partition), []).append(message)
+        counts: dict[TaskId, int] = {}
+        for (topic, partition), run in runs.items():
+            state = states[partition]
+            store = self._store_of[topic]
+            position = consumer.position([TopicPartition(topic, partition)])[0].offset
+            last = run[-1].offset() or 0
+            next_position = max(position, last + 1)
+            try:
+                records = [parse_record(m.key(), m.value(), m.headers()) for m in run]
+            except ChangelogFormatError as error:
+                raise ChangelogFormatError(
+                    f"{topic}[{partition}] near offset {run[0].offset()}: {error}"
+                ) from error
+            outcome = fold(store, records, state.epoch(store), next_position)
+            state.apply(outcome.changes)
+            counts[partition] = counts.get(partition, 0) + outcome.applied + outcome.skipped
+        return counts
+
+    def advance_idle(self, consumer: Consumer, states: Mapping[TaskId, TaskState]) -> None:
+        """Move restore positions past trailing commit markers that deliver no message."""
+        for state in states.values():
+            for store in state.stores:
+                topic = self._topic_of[store]
+                position = consumer.position([TopicPartition(topic, state.task)])[0].offset
+                if position > state.position(store):
+                    outcome = fold(store, [], state.epoch(store), position)
+                    state.apply(outcome.changes)
+
+
+def end_offsets(
+    consumer: Consumer, changelog_topics: Mapping[str, str], task: TaskId, timeout: float
+) -> dict[str, int]:
+    """Per store, the end of the task's changelog partition a read_committed reader can reach."""
+    return {
+        store: consumer.get_watermark_offsets(TopicPartition(topic, task), timeout=timeout)[1]
+        for store, topic in changelog_topics.items()
+    }
+
+
+class RestoreTimeoutError(TimeoutError):
+    """A task could not be restored to its target offsets in time."""
+
+
+def catch_up(
+    config: WorkerConfig,
+    state: TaskState,
+    targets: Mapping[str, int] | None,
+    timeout: float,
+    on_restored: RestoredCallback | None = None,
+) -> dict[str, int]:
+    """Restore `state` until every store's position reaches its target offset.
+
+    With no targets (no previous owner acknowledged a release: first start or failover), the
+    targets are the changelog ends as of now. Returns the positions reached.
+    """
+    changelog_topics = config.changelog_topics()
+    applier = _Applier(changelog_topics)
+    consumer = restore_consumer(config)
+    try:
+        if targets is None:
+            targets = end_offsets(consumer, changelog_topics, state.task, timeout)
+        pending = {s: o for s, o in targets.items() if state.position(s) < o}
+        if not pending:
+            return state.positions()
+        consumer.assign(applier.partitions(state))
+        deadline = time.monotonic() + timeout
+        while any(state.position(store) < offset for store, offset in targets.items()):
+            if time.monotonic() > deadline:
+                raise RestoreTimeoutError(
+                    f"task {state.task}: restored to {state.positions()} but needs "
+                    f"{dict(targets)} within {timeout} s; is the changelog readable "
+                    "(an open transaction holds back read_committed readers)?"
+                )
+            messages = consumer.consume(num_messages=_BATCH, timeout=0.2)
+            counts = applier.apply(consumer, messages, {state.task: state})
+            applier.advance_idle(consumer, {state.task: state})
+            if on_restored is not None and counts:
+                on_restored(state.task, counts.get(state.task, 0))
+        return state.positions()
+    finally:
+        consumer.close()
+
+
+class RestoreLoop:
+    """A thread that keeps the followed tasks' states up to date with their changelogs."""
+
+    def __init__(self, config: WorkerConfig, on_restored: RestoredCallback | None = None) -> None:
+        self._applier = _Applier(config.changelog_topics())
+        self._consumer = restore_consumer(config)
+        self._on_restored = on_restored
+        self._states: dict[TaskId, TaskState] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="restore-loop", daemon=True)
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def follow(self, state: TaskState) -> None:
+        """Keep `state` restored from now on; the loop owns it until `unfollow`."""
+        with self._lock:
+            if state.task in self._states:
+                raise ValueError(f"task {state.task} is already being restored")
+            self._states[state.task] = state
+            self._consumer.incremental_assign(self._applier.partitions(state))
+
+    def unfollow(self, task: TaskId) -> TaskState | None:
+        """Stop restoring `task` and hand its state back (None if it was not followed)."""
+        with self._lock:
+            state = self._states.pop(task, None)
+            if state is not None:
+                self._consumer.incremental_unassign(
+                    [TopicPartition(p.topic, p.partition) for p in self._applier.partitions(state)]
+                )
+            return state
+
+    def tasks(self) -> set[TaskId]:
+        with self._lock:
+            return set(self._states)
+
+    def positions(self) -> dict[TaskId, dict[str, int]]:
+        """Per followed task, the restore position of each store."""
+        with self._lock:
+            return {task: state.positions() for task, state in self._states.items()}
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                with self._lock:
+                    if not self._states:
+                        messages = []
+                        idle = True
+                    else:
+                        idle = False
+                        messages = self._consumer.consume(num_messages=_BATCH, timeout=0.1)
+                        counts = self._applier.apply(self._consumer, messages, self._states)
+                        self._applier.advance_idle(self._consumer, self._states)
+                if idle:
+                    self._stopping.wait(0.1)
+                elif self._on_restored is not None:
+                    for task, count in counts.items():
+                        self._on_restored(task, count)
+        except BaseException as error:
+            log.exception("the restore loop failed")
+            self.error = error
+
+    def stop(self) -> None:
+        """Stop the thread and close every followed state and the consumer."""
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        with self._lock:
+            for state in self._states.values():
+                state.close()
+            self._states.clear()
+            self._consumer.close()

@@ -1,0 +1,155 @@
+"""One transactional producer per active task: a micro-batch of a task commits all or nothing.
+
+The producer's transactional.id is the task's (`<appId>-task-<i>`, the same at every owner), so
+on real Kafka a new owner's init_transactions() fences the previous owner's producer and aborts
+its open transaction. One micro-batch of one task is one transaction: the changelog records of
+the keys it changed, the input-position record, the output records and the task's dead letters.
+Nothing is applied to the local store before the transaction has committed.
+
+The test brokers do not fence (../shared/ENVIRONMENT.md); correctness does not depend on it,
+see the epochs in `changelog` and docs/runtime.md.
+"""
+
+import contextlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from smoothscale.kafka import names
+from smoothscale.runtime.changelog import EPOCH_HEADER, ChangelogRecord, Headers
+from smoothscale.runtime.config import WorkerConfig
+from smoothscale.tasks import TaskId
+
+_ANY_PARTITION = -1
+"""Let the producer's partitioner choose (librdkafka's RD_KAFKA_PARTITION_UA)."""
+
+OutputRecord = tuple[str, Any]
+"""An output record: key (text) and a JSON-able value."""
+
+
+class TransactionError(RuntimeError):
+    """A task's transaction did not commit; nothing of it is visible to read_committed readers."""
+
+
+class TaskProducer:
+    """The transactional producer of one active task, at one ownership epoch."""
+
+    def __init__(self, config: WorkerConfig, task: TaskId, epoch: int, timeout: float = 30.0):
+        self.task = task
+        self.epoch = epoch
+        self._timeout = timeout
+        self._changelog_topics = config.changelog_topics()
+        self._output_topic = config.output_topic
+        self._producer = Producer(
+            {
+                **config.client_config(),
+                "transactional.id": names.transactional_id(config.app_id, task),
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 5,
+                "transaction.timeout.ms": 60_000,
+            }
+        )
+        try:
+            self._producer.init_transactions(timeout)
+        except KafkaException as error:
+            raise TransactionError(
+                f"task {task}: could not initialise its transactional producer: {error}"
+            ) from error
+
+    def commit(
+        self,
+        changelog: Mapping[str, Sequence[ChangelogRecord]],
+        outputs: Sequence[OutputRecord] = (),
+        also: Callable[[Producer], object] | None = None,
+    ) -> dict[str, int]:
+        """Write one batch of the task in one transaction and commit it.
+
+        `changelog` maps each store to its records (they go to partition `task` of the store's
+        changelog topic); `also` may queue more records on the producer (dead letters) inside
+        the transaction. Returns, per store written to, the changelog offset after its last
+        record. On failure, aborts when it can and raises TransactionError.
+        """
+        delivered: dict[str, int] = {}
+        failures: list[KafkaError] = []
+        store_of = {topic: store for store, topic in self._changelog_topics.items()}
+
+        def on_delivery(error: KafkaError | None, message: Message) -> None:
+            if error is not None:
+                failures.append(error)
+                return
+            topic, offset = message.topic(), message.offset()
+            if topic in store_of and offset is not None:
+                store = store_of[topic]
+                delivered[store] = max(delivered.get(store, 0), offset + 1)
+
+        epoch_header: Headers = [(EPOCH_HEADER, str(self.epoch).encode())]
+        try:
+            self._producer.begin_transaction()
+            for store, records in changelog.items():
+                topic = self._changelog_topics[store]
+                for record in records:
+                    self._produce(
+                        topic,
+                        key=record.key,
+                        value=record.value,
+                        headers=record.headers(),
+                        on_delivery=on_delivery,
+                        partition=self.task,
+                    )
+            for key, value in outputs:
+                self._produce(
+                    self._output_topic,
+                    key=key.encode(),
+                    value=json.dumps(value, separators=(",", ":")).encode(),
+                    headers=epoch_header,
+                    on_delivery=on_delivery,
+                    partition=_ANY_PARTITION,
+                )
+            if also is not None:
+                also(self._producer)
+            if self._producer.flush(self._timeout):
+                raise TransactionError(f"task {self.task}: records not delivered in time")
+            if failures:
+                raise TransactionError(f"task {self.task}: Kafka refused a record: {failures[0]}")
+            self._producer.commit_transaction(self._timeout)
+        except (KafkaException, TransactionError) as error:
+            self._abort()
+            if isinstance(error, TransactionError):
+                raise
+            raise TransactionError(f"task {self.task}: the transaction failed: {error}") from error
+        return delivered
+
+    def _produce(
+        self,
+        topic: str,
+        *,
+        key: bytes,
+        value: bytes | None,
+        headers: Headers,
+        on_delivery: Callable[[KafkaError | None, Message], None],
+        partition: int,
+    ) -> None:
+        while True:
+            try:
+                self._producer.produce(
+                    topic,
+                    key=key,
+                    value=value,
+                    headers=headers,
+                    on_delivery=on_delivery,
+                    partition=partition,
+                )
+                return
+            except BufferError:
+                self._producer.poll(0.1)
+
+    def _abort(self) -> None:
+        # A fenced or fatally failed producer cannot abort; the broker aborts for it.
+        with contextlib.suppress(KafkaException):
+            self._producer.abort_transaction(self._timeout)
+
+    def close(self) -> None:
+        self._producer.flush(self._timeout)

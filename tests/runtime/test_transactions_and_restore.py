@@ -1,0 +1,153 @@
+"""A task's batch commits all or nothing, and restore rebuilds exactly the committed state,
+ignoring a zombie owner that the broker did not fence."""
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from smoothscale.kafka import names
+from smoothscale.kafka.embedded import EmbeddedKafka
+from smoothscale.runtime.changelog import (
+    ChangelogRecord,
+    data_record,
+    epoch_marker,
+    input_position_record,
+)
+from smoothscale.runtime.config import WorkerConfig
+from smoothscale.runtime.restore import RestoreLoop, catch_up
+from smoothscale.runtime.store import TaskState
+from smoothscale.runtime.transactions import TaskProducer, TransactionError
+from tests.runtime.kafka_helpers import read_committed, unique, wait_for
+
+STORE = "counts"
+
+
+@pytest.fixture
+def config(embedded_kafka: EmbeddedKafka, tmp_path: Path) -> WorkerConfig:
+    app = unique("app")
+    config = WorkerConfig(
+        app_id=app,
+        instance_id="pod-a",
+        bootstrap_servers=embedded_kafka.bootstrap_servers,
+        input_topics=[unique("clicks")],
+        output_topic=unique("out"),
+        stores={STORE: None},
+        pipeline="examples.pipelines.running_count:pipeline",
+        state_dir=tmp_path / "state",
+    )
+    for topic in (*config.input_topics, config.output_topic, *config.changelog_topics().values()):
+        embedded_kafka.create_topic(topic, 2)
+    return config
+
+
+def batch(epoch: int, counts: dict[str, int], position: int) -> dict[str, list[ChangelogRecord]]:
+    records = [data_record(key, value, epoch) for key, value in counts.items()]
+    return {STORE: [*records, input_position_record({"clicks": position}, epoch)]}
+
+
+def restored(config: WorkerConfig, task: int, directory: str) -> TaskState:
+    state = TaskState(config.state_dir / directory, task, [STORE])
+    catch_up(config, state, None, timeout=10)
+    return state
+
+
+def test_a_committed_batch_is_restored_with_its_input_position(config: WorkerConfig) -> None:
+    producer = TaskProducer(config, task=1, epoch=1)
+    producer.commit({STORE: [epoch_marker(1, "pod-a")]})
+    positions = producer.commit(batch(1, {"alice": 2, "bob": 1}, 10), outputs=[("alice", 2)])
+    producer.commit(batch(1, {"alice": 3}, 12), outputs=[("alice", 3)])
+    producer.close()
+
+    state = restored(config, 1, "fresh")
+    try:
+        assert state.snapshot(STORE) == {"alice": 3, "bob": 1}
+        assert state.input_positions() == {"clicks": 12}
+        assert state.epoch(STORE) == 1
+        assert state.position(STORE) > positions[STORE]
+    finally:
+        state.close()
+    outputs = read_committed(config.bootstrap_servers, config.output_topic, 2)
+    assert sorted(json.loads(m.value() or b"") for m in outputs) == [2, 3]
+
+
+def test_an_aborted_batch_leaves_no_trace(config: WorkerConfig) -> None:
+    producer = TaskProducer(config, task=0, epoch=1)
+    producer.commit(batch(1, {"alice": 1}, 1), outputs=[("alice", 1)])
+
+    def fail(_producer: Producer) -> None:
+        raise TransactionError("the batch failed half-way")
+
+    with pytest.raises(TransactionError):
+        producer.commit(batch(1, {"alice": 100}, 50), outputs=[("alice", 100)], also=fail)
+    producer.close()
+
+    state = restored(config, 0, "fresh")
+    try:
+        assert state.snapshot(STORE) == {"alice": 1}
+        assert state.input_positions() == {"clicks": 1}
+    finally:
+        state.close()
+    outputs = read_committed(config.bootstrap_servers, config.output_topic, 2)
+    assert [json.loads(m.value() or b"") for m in outputs] == [1]
+
+
+def test_restore_ignores_an_unfenced_zombie_after_the_new_owners_marker(
+    config: WorkerConfig,
+) -> None:
+    old_owner = TaskProducer(config, task=0, epoch=1)
+    old_owner.commit(batch(1, {"alice": 5}, 5))
+    new_owner = TaskProducer(config, task=0, epoch=2)
+    new_owner.commit({STORE: [epoch_marker(2, "pod-b")]})
+    # The mock broker does not fence: the old owner's next commit succeeds.
+    old_owner.commit(batch(1, {"alice": 6}, 6))
+    new_owner.commit(batch(2, {"alice": 7}, 7))
+    old_owner.close()
+    new_owner.close()
+
+    state = restored(config, 0, "fresh")
+    try:
+        assert state.snapshot(STORE) == {"alice": 7}
+        assert state.input_positions() == {"clicks": 7}
+        assert state.epoch(STORE) == 2
+    finally:
+        state.close()
+
+
+def test_the_restore_loop_follows_a_task_while_its_owner_writes(config: WorkerConfig) -> None:
+    owner = TaskProducer(config, task=1, epoch=1)
+    owner.commit(batch(1, {"alice": 1}, 1))
+    restored_records: list[int] = []
+    lock = threading.Lock()
+
+    def on_restored(task: int, count: int) -> None:
+        with lock:
+            restored_records.append(count)
+
+    loop = RestoreLoop(config, on_restored)
+    loop.start()
+    try:
+        loop.follow(TaskState(config.state_dir / "standby", 1, [STORE]))
+        for n in range(2, 30):
+            owner.commit(batch(1, {"alice": n}, n))
+        end = owner.commit(batch(1, {"bob": 1}, 30))[STORE]
+        wait_for(lambda: loop.positions()[1][STORE] >= end, 10, "the standby to catch up")
+        state = loop.unfollow(1)
+        assert state is not None
+        try:
+            assert state.snapshot(STORE) == {"alice": 29, "bob": 1}
+            assert state.input_positions() == {"clicks": 30}
+        finally:
+            state.close()
+        assert loop.tasks() == set()
+        assert sum(restored_records) >= 2 * 30
+        assert loop.error is None
+    finally:
+        owner.close()
+        loop.stop()
+
+
+def test_transactional_ids_are_per_task() -> None:
+    assert names.transactional_id("shop.counter", 3) == "shop.counter-task-3"
