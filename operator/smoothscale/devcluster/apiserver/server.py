@@ -1,0 +1,699 @@
+"""The HTTP layer: Kubernetes REST paths, content negotiation, watch streams."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+from smoothscale.devcluster.apiserver import discovery, patching, tables
+from smoothscale.devcluster.apiserver.admission import STRICT, WARN, admit_builtin, admit_custom
+from smoothscale.devcluster.apiserver.errors import (
+    ApiError,
+    JsonObject,
+    bad_request,
+    conflict,
+    method_not_allowed,
+    not_found,
+    unsupported_media_type,
+)
+from smoothscale.devcluster.apiserver.peering import KOPF_PEERING_CRDS
+from smoothscale.devcluster.apiserver.registry import (
+    CRD_GROUP,
+    Registry,
+    ResourceType,
+    types_from_crd,
+)
+from smoothscale.devcluster.apiserver.selectors import Predicate, field_selector, label_selector
+from smoothscale.devcluster.apiserver.store import Change, StorageKey, Store
+
+CRD_KEY: StorageKey = (CRD_GROUP, "customresourcedefinitions")
+DEFAULT_WATCH_TIMEOUT = 1800.0
+BOOKMARK_INTERVAL = 60.0
+_GENERATED_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a resource path addresses: /apis/G/V/namespaces/NS/PLURAL/NAME/SUBRESOURCE."""
+
+    rt: ResourceType
+    namespace: str
+    name: str | None
+    subresource: str | None
+
+
+def _json(body: Any, status: int = 200, warnings: Sequence[str] = ()) -> web.Response:
+    headers = (
+        {"Warning": ", ".join(f'299 - "{warning}"' for warning in warnings)} if warnings else None
+    )
+    return web.Response(
+        body=json.dumps(body).encode(),
+        status=status,
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def _get_path(obj: JsonObject, path: str) -> Any:
+    value: Any = obj
+    for part in path.strip(".").split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
+
+
+def _set_path(obj: JsonObject, path: str, value: Any) -> None:
+    *parents, last = path.strip(".").split(".")
+    for part in parents:
+        obj = obj.setdefault(part, {})
+    obj[last] = value
+
+
+def _is_true(value: str | None) -> bool:
+    return value in ("1", "true", "True")
+
+
+@dataclass(frozen=True)
+class WatchStream:
+    """What one watch request asked for."""
+
+    target: Target
+    matches: Predicate
+    deadline: float
+    """time.monotonic() at which the stream ends (timeoutSeconds)."""
+    bookmarks: bool
+    initial_events: bool
+    table_objects: str | None
+    """None for plain objects, else the Table rows' includeObject (None, Object, Metadata)."""
+
+    def selects(self, obj: JsonObject | None) -> bool:
+        if obj is None:
+            return False
+        namespace = self.target.namespace
+        return (not namespace or obj["metadata"].get("namespace") == namespace) and self.matches(
+            obj
+        )
+
+
+class ApiServer:
+    """Registry + store + the aiohttp application that serves them."""
+
+    def __init__(self, history_size: int = 1000) -> None:
+        self.registry = Registry()
+        self.store = Store(history_size=history_size)
+        self.store.listeners.append(self._on_change)
+        self.stopping = asyncio.Event()
+        for name in ("default", "kube-system", "kube-public"):
+            self.create(self._type("", "v1", "namespaces"), {"metadata": {"name": name}})
+        for crd in KOPF_PEERING_CRDS:
+            self.create(
+                self._type(CRD_GROUP, "v1", "customresourcedefinitions"), copy.deepcopy(crd)
+            )
+
+    def _type(self, group: str, version: str, plural: str) -> ResourceType:
+        return self.registry.get(group, version, plural)
+
+    def load_crds(self, paths: Sequence[Path]) -> None:
+        """Create (or replace) the CRDs in these YAML files or directories of YAML files."""
+        files: list[Path] = []
+        for path in paths:
+            files.extend(sorted(path.glob("*.y*ml")) if path.is_dir() else [path])
+        crd_type = self._type(CRD_GROUP, "v1", "customresourcedefinitions")
+        for file in files:
+            for document in yaml.safe_load_all(file.read_text()):
+                if not document or document.get("kind") != "CustomResourceDefinition":
+                    continue
+                if self.store.exists(crd_type, "", document["metadata"]["name"]):
+                    self.update(crd_type, document)
+                else:
+                    self.create(crd_type, document)
+
+    def _on_change(self, key: StorageKey, change: Change) -> None:
+        if key != CRD_KEY:
+            return
+        crd = change.old if change.type == "DELETED" and change.old is not None else change.object
+        spec = crd["spec"]
+        group, plural = spec["group"], spec["names"]["plural"]
+        if change.type == "DELETED":
+            for rt in [rt for rt in self.registry if rt.key == (group, plural)][:1]:
+                self.store.drop_resource(rt)
+            self.registry.replace_crd_types(group, plural, [])
+        else:
+            self.registry.replace_crd_types(group, plural, types_from_crd(change.object))
+
+    # -- the write paths, shared by HTTP and start-up -----------------------------------------
+
+    def _admit(
+        self, rt: ResourceType, obj: JsonObject, field_validation: str
+    ) -> tuple[JsonObject, list[str]]:
+        obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
+        if rt.custom:
+            return admit_custom(rt, obj, field_validation)
+        return admit_builtin(rt, obj), []
+
+    def create(
+        self,
+        rt: ResourceType,
+        obj: JsonObject,
+        *,
+        namespace: str = "",
+        field_validation: str = STRICT,
+        dry_run: bool = False,
+    ) -> tuple[JsonObject, list[str]]:
+        meta = obj.setdefault("metadata", {})
+        if rt.namespaced:
+            if meta.get("namespace", namespace) != namespace:
+                raise bad_request(
+                    "the namespace of the provided object does not match the namespace sent on "
+                    "the request"
+                )
+            meta["namespace"] = namespace
+            namespaces = self._type("", "v1", "namespaces")
+            if not self.store.exists(namespaces, "", namespace):
+                raise not_found("namespaces", namespace)
+        else:
+            meta.pop("namespace", None)
+        if not meta.get("name") and meta.get("generateName"):
+            suffix = "".join(secrets.choice(_GENERATED_NAME_ALPHABET) for _ in range(5))
+            meta["name"] = meta["generateName"] + suffix
+        if rt.status_subresource:
+            obj.pop("status", None)
+        obj, warnings = self._admit(rt, obj, field_validation)
+        return self.store.create(rt, obj, dry_run=dry_run), warnings
+
+    def update(
+        self,
+        rt: ResourceType,
+        obj: JsonObject,
+        *,
+        subresource: str | None = None,
+        field_validation: str = STRICT,
+        dry_run: bool = False,
+    ) -> tuple[JsonObject, list[str]]:
+        meta = obj.setdefault("metadata", {})
+        current = self.store.get(rt, meta.get("namespace", ""), meta.get("name", ""))
+        if subresource == "status":
+            status = obj.get("status")
+            obj = copy.deepcopy(current)
+            obj["metadata"]["resourceVersion"] = meta.get("resourceVersion")
+            obj.pop("status", None)
+            if status is not None:
+                obj["status"] = status
+        elif rt.status_subresource:
+            obj.pop("status", None)
+            if "status" in current:
+                obj["status"] = current["status"]
+        obj, warnings = self._admit(rt, obj, field_validation)
+        return self.store.update(rt, obj, dry_run=dry_run), warnings
+
+    # -- HTTP ---------------------------------------------------------------------------------
+
+    def application(self) -> web.Application:
+        app = web.Application(middlewares=[self._errors], client_max_size=16 * 1024 * 1024)
+        fixed = {
+            "/version": lambda: discovery.KUBERNETES_VERSION,
+            "/api": discovery.api_versions,
+            "/apis": lambda: discovery.api_group_list(self.registry),
+            "/openapi/v3": lambda: discovery.openapi_v3_index(self.registry),
+        }
+        for path, document in fixed.items():
+            app.router.add_get(path, self._document_handler(document))
+        for probe in ("/healthz", "/readyz", "/livez"):
+            app.router.add_get(probe, self._healthy)
+        app.router.add_get("/openapi/v3/{path:.+}", self._openapi_document)
+        app.router.add_route("*", "/api/{version}", self._core_root)
+        app.router.add_route("*", "/api/{version}/{rest:.+}", self._core)
+        app.router.add_route("*", "/apis/{group}", self._group_root)
+        app.router.add_route("*", "/apis/{group}/{version}", self._group_version_root)
+        app.router.add_route("*", "/apis/{group}/{version}/{rest:.+}", self._grouped)
+        return app
+
+    @web.middleware
+    async def _errors(
+        self, request: web.Request, handler: Callable[[web.Request], Any]
+    ) -> web.StreamResponse:
+        try:
+            response: web.StreamResponse = await handler(request)
+        except ApiError as error:
+            return _json(error.status(), status=error.code)
+        except web.HTTPNotFound:
+            return _json(
+                ApiError(
+                    404, "NotFound", "the server could not find the requested resource"
+                ).status(),
+                404,
+            )
+        return response
+
+    def _document_handler(
+        self, document: Callable[[], JsonObject]
+    ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handler(_: web.Request) -> web.Response:
+            return _json(document())
+
+        return handler
+
+    @staticmethod
+    async def _healthy(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    @staticmethod
+    async def _respond(body: JsonObject | None) -> web.Response:
+        if body is None:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return _json(body)
+
+    async def _openapi_document(self, request: web.Request) -> web.Response:
+        parts = request.match_info["path"].split("/")
+        if parts[0] == "api" and len(parts) == 2:
+            return await self._respond(discovery.openapi_v3_document(self.registry, "", parts[1]))
+        if parts[0] == "apis" and len(parts) == 3:
+            return await self._respond(
+                discovery.openapi_v3_document(self.registry, parts[1], parts[2])
+            )
+        raise ApiError(404, "NotFound", "the server could not find the requested resource")
+
+    async def _core_root(self, request: web.Request) -> web.Response:
+        return await self._respond(
+            discovery.api_resource_list(self.registry, "", request.match_info["version"])
+        )
+
+    async def _group_root(self, request: web.Request) -> web.Response:
+        return await self._respond(discovery.api_group(self.registry, request.match_info["group"]))
+
+    async def _group_version_root(self, request: web.Request) -> web.Response:
+        info = request.match_info
+        return await self._respond(
+            discovery.api_resource_list(self.registry, info["group"], info["version"])
+        )
+
+    async def _core(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(
+            request, "", request.match_info["version"], request.match_info["rest"]
+        )
+
+    async def _grouped(self, request: web.Request) -> web.StreamResponse:
+        info = request.match_info
+        return await self._serve(request, info["group"], info["version"], info["rest"])
+
+    def _target(self, group: str, version: str, rest: str) -> Target:
+        parts = rest.strip("/").split("/")
+        namespace = ""
+        if parts[0] == "namespaces" and len(parts) >= 3:
+            namespace, parts = parts[1], parts[2:]
+        if len(parts) > 3:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        rt = self.registry.get(group, version, parts[0])
+        if namespace and not rt.namespaced:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        subresource = parts[2] if len(parts) == 3 else None
+        binding = subresource == "binding" and rt.key == ("", "pods")
+        if (
+            (subresource not in (None, "status", "scale") and not binding)
+            or (subresource == "scale" and rt.scale is None)
+            or (subresource == "status" and not rt.status_subresource)
+        ):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return Target(rt, namespace, parts[1] if len(parts) >= 2 else None, subresource)
+
+    async def _serve(
+        self, request: web.Request, group: str, version: str, rest: str
+    ) -> web.StreamResponse:
+        target = self._target(group, version, rest)
+        method = request.method
+        if target.name is None:
+            if method == "GET" and _is_true(request.query.get("watch")):
+                return await self._watch(request, target)
+            if method == "GET":
+                return self._list(request, target)
+            if method == "POST":
+                return await self._create(request, target)
+            raise method_not_allowed(f"{method} is not supported on a collection here")
+        if target.subresource == "scale":
+            return await self._scale(request, target)
+        if target.subresource == "binding":
+            if method != "POST":
+                raise method_not_allowed("a binding can only be created (POST)")
+            return await self._bind(request, target)
+        if method == "GET":
+            obj = self.store.get(target.rt, target.namespace, target.name)
+            return self._render(request, target.rt, [obj], single=True)
+        if method == "PUT":
+            return await self._replace(request, target)
+        if method == "PATCH":
+            return await self._patch(request, target)
+        if method == "DELETE":
+            return await self._delete(request, target)
+        raise method_not_allowed(f"{method} is not supported on {target.rt.resource}")
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def _filters(self, request: web.Request) -> Predicate:
+        labels = label_selector(request.query.get("labelSelector"))
+        fields = field_selector(request.query.get("fieldSelector"))
+        return lambda obj: labels(obj) and fields(obj)
+
+    def _as_served(self, rt: ResourceType, obj: JsonObject) -> JsonObject:
+        obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
+        return obj
+
+    def _list(self, request: web.Request, target: Target) -> web.Response:
+        matches = self._filters(request)
+        namespace = target.namespace if target.rt.namespaced and target.namespace else None
+        items = [
+            self._as_served(target.rt, obj)
+            for obj in self.store.list(target.rt, namespace)
+            if matches(obj)
+        ]
+        return self._render(request, target.rt, items, single=False)
+
+    def _render(
+        self, request: web.Request, rt: ResourceType, objects: list[JsonObject], *, single: bool
+    ) -> web.Response:
+        version = str(self.store.resource_version)
+        if "as=Table" in request.headers.get("Accept", ""):
+            include = request.query.get("includeObject", "Metadata")
+            return _json(tables.table(rt, objects, version, include))
+        if single:
+            return _json(self._as_served(rt, objects[0]))
+        return _json(
+            {
+                "kind": f"{rt.kind}List",
+                "apiVersion": rt.api_version,
+                "metadata": {"resourceVersion": version},
+                "items": objects,
+            }
+        )
+
+    async def _watch(self, request: web.Request, target: Target) -> web.StreamResponse:
+        query = request.query
+        since_text = query.get("resourceVersion", "")
+        stream = WatchStream(
+            target=target,
+            matches=self._filters(request),
+            deadline=time.monotonic() + float(query.get("timeoutSeconds") or DEFAULT_WATCH_TIMEOUT),
+            bookmarks=_is_true(query.get("allowWatchBookmarks")),
+            initial_events=_is_true(query.get("sendInitialEvents")),
+            table_objects=query.get("includeObject", "Metadata")
+            if "as=Table" in request.headers.get("Accept", "")
+            else None,
+        )
+        since = None if since_text in ("", "0") or stream.initial_events else int(since_text)
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        try:
+            watch = self.store.watch(target.rt, since)
+        except ApiError as error:
+            await self._send(response, {"type": "ERROR", "object": error.status()})
+            return response
+        try:
+            await self._stream(response, stream, watch.queue)
+        finally:
+            self.store.unwatch(watch)
+        return response
+
+    async def _stream(
+        self, response: web.StreamResponse, stream: WatchStream, queue: asyncio.Queue[Change]
+    ) -> None:
+        """Send changes until the deadline (then a bookmark if allowed) or the server stops."""
+        next_bookmark = time.monotonic() + BOOKMARK_INTERVAL
+        if stream.initial_events and stream.bookmarks:
+            for _ in range(queue.qsize()):
+                await self._send_change(response, stream, queue.get_nowait())
+            await self._send_bookmark(response, stream.target.rt, initial_events_end=True)
+        while not self.stopping.is_set():
+            remaining = stream.deadline - time.monotonic()
+            if remaining <= 0:
+                if stream.bookmarks:
+                    await self._send_bookmark(response, stream.target.rt)
+                return
+            try:
+                change = await asyncio.wait_for(queue.get(), timeout=min(remaining, 1.0))
+            except TimeoutError:
+                if stream.bookmarks and time.monotonic() >= next_bookmark:
+                    next_bookmark = time.monotonic() + BOOKMARK_INTERVAL
+                    await self._send_bookmark(response, stream.target.rt)
+                continue
+            await self._send_change(response, stream, change)
+
+    async def _send_change(
+        self, response: web.StreamResponse, stream: WatchStream, change: Change
+    ) -> None:
+        """An object entering the watched set is ADDED, one leaving it DELETED, as a real watch
+        with a selector reports them."""
+        now_in, was_in = stream.selects(change.object), stream.selects(change.old)
+        if change.type == "DELETED" or not now_in:
+            event_type = "DELETED" if was_in else None
+        else:
+            event_type = "MODIFIED" if was_in else "ADDED"
+        if event_type is None:
+            return
+        rt = stream.target.rt
+        obj = self._as_served(rt, copy.deepcopy(change.object))
+        if stream.table_objects is not None:
+            version = obj["metadata"]["resourceVersion"]
+            body = tables.table(rt, [obj], version, stream.table_objects)
+            await self._send(response, {"type": event_type, "object": body})
+        else:
+            await self._send(response, {"type": event_type, "object": obj})
+
+    async def _send_bookmark(
+        self, response: web.StreamResponse, rt: ResourceType, *, initial_events_end: bool = False
+    ) -> None:
+        meta: JsonObject = {"resourceVersion": str(self.store.resource_version)}
+        if initial_events_end:
+            meta["annotations"] = {"k8s.io/initial-events-end": "true"}
+        bookmark = {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": meta}
+        await self._send(response, {"type": "BOOKMARK", "object": bookmark})
+
+    @staticmethod
+    async def _send(response: web.StreamResponse, event: JsonObject) -> None:
+        await response.write(json.dumps(event).encode() + b"\n")
+
+    # -- writes ---------------------------------------------------------------------------
+
+    @staticmethod
+    async def _body(request: web.Request) -> Any:
+        text = await request.text()
+        if not text.strip():
+            return None
+        try:
+            if request.content_type == patching.APPLY_PATCH or request.content_type.endswith(
+                "yaml"
+            ):
+                return yaml.safe_load(text)
+            return json.loads(text)
+        except (ValueError, yaml.YAMLError) as error:
+            raise bad_request(
+                f"the request body is not valid {request.content_type}: {error}"
+            ) from None
+
+    async def _object_body(self, request: web.Request) -> JsonObject:
+        body = await self._body(request)
+        if not isinstance(body, dict):
+            raise bad_request("the request body must be a JSON object")
+        return body
+
+    @staticmethod
+    def _options(request: web.Request) -> tuple[str, bool]:
+        # Without the parameter a real API server warns about unknown fields and drops them.
+        validation = request.query.get("fieldValidation", WARN)
+        return validation, request.query.get("dryRun") == "All"
+
+    def _check_kind(self, rt: ResourceType, obj: JsonObject) -> None:
+        kind, api_version = obj.get("kind"), obj.get("apiVersion")
+        if kind not in (None, rt.kind) or api_version not in (None, rt.api_version):
+            raise bad_request(
+                f"the object is a {api_version}, Kind={kind}, but this path serves "
+                f"{rt.api_version}, Kind={rt.kind}"
+            )
+
+    async def _create(self, request: web.Request, target: Target) -> web.Response:
+        obj = await self._object_body(request)
+        self._check_kind(target.rt, obj)
+        validation, dry_run = self._options(request)
+        created, warnings = self.create(
+            target.rt, obj, namespace=target.namespace, field_validation=validation, dry_run=dry_run
+        )
+        return _json(self._as_served(target.rt, created), status=201, warnings=warnings)
+
+    def _addressed(self, target: Target, obj: JsonObject) -> JsonObject:
+        meta = obj.setdefault("metadata", {})
+        if meta.get("name", target.name) != target.name:
+            raise bad_request(
+                f"the name of the object ({meta.get('name')}) does not match the name on the URL "
+                f"({target.name})"
+            )
+        meta["name"] = target.name
+        if target.rt.namespaced:
+            meta["namespace"] = target.namespace
+        return obj
+
+    async def _replace(self, request: web.Request, target: Target) -> web.Response:
+        obj = self._addressed(target, await self._object_body(request))
+        self._check_kind(target.rt, obj)
+        validation, dry_run = self._options(request)
+        updated, warnings = self.update(
+            target.rt,
+            obj,
+            subresource=target.subresource,
+            field_validation=validation,
+            dry_run=dry_run,
+        )
+        return _json(self._as_served(target.rt, updated), warnings=warnings)
+
+    def _patched(
+        self, rt: ResourceType, current: JsonObject | None, content_type: str, patch: Any
+    ) -> JsonObject:
+        if content_type == patching.JSON_PATCH:
+            return patching.json_patch(current or {}, patch)
+        if not isinstance(patch, dict):
+            raise bad_request("the patch must be a JSON object")
+        if content_type == patching.MERGE_PATCH:
+            merged: JsonObject = patching.merge_patch(current, patch)
+            return merged
+        if content_type == patching.STRATEGIC_MERGE_PATCH:
+            if rt.custom:
+                raise unsupported_media_type(
+                    f"{content_type} is not supported by custom resources: "
+                    "use a merge or JSON patch"
+                )
+            strategic: JsonObject = patching.strategic_merge_patch(current, patch)
+            return strategic
+        if content_type == patching.APPLY_PATCH:
+            return patching.apply_patch(current, patch)
+        raise unsupported_media_type(content_type)
+
+    async def _patch(self, request: web.Request, target: Target) -> web.Response:
+        assert target.name is not None
+        rt = target.rt
+        patch = await self._body(request)
+        validation, dry_run = self._options(request)
+        content_type = request.content_type
+        if not self.store.exists(rt, target.namespace, target.name):
+            if content_type != patching.APPLY_PATCH or target.subresource:
+                raise not_found(rt.resource, target.name)
+            obj = self._addressed(target, self._patched(rt, None, content_type, patch))
+            created, warnings = self.create(
+                rt, obj, namespace=target.namespace, field_validation=validation, dry_run=dry_run
+            )
+            return _json(self._as_served(rt, created), status=201, warnings=warnings)
+        current = self._as_served(rt, self.store.get(rt, target.namespace, target.name))
+        obj = self._addressed(target, self._patched(rt, current, content_type, patch))
+        updated, warnings = self.update(
+            rt, obj, subresource=target.subresource, field_validation=validation, dry_run=dry_run
+        )
+        return _json(self._as_served(rt, updated), warnings=warnings)
+
+    async def _delete(self, request: web.Request, target: Target) -> web.Response:
+        assert target.name is not None
+        options = await self._body(request) or {}
+        preconditions = options.get("preconditions") or {}
+        dry_run = request.query.get("dryRun") == "All" or "All" in (options.get("dryRun") or [])
+        current = self.store.get(target.rt, target.namespace, target.name)
+        for field in ("uid", "resourceVersion"):
+            if preconditions.get(field) not in (None, current["metadata"][field]):
+                raise conflict(target.rt.resource, target.name)
+        obj, removed = self.store.delete(
+            target.rt,
+            target.namespace,
+            target.name,
+            grace_seconds=self._grace_seconds(target.rt, current, options),
+            dry_run=dry_run,
+        )
+        return _json(self._as_served(target.rt, obj), status=200 if removed else 202)
+
+    @staticmethod
+    def _grace_seconds(rt: ResourceType, current: JsonObject, options: JsonObject) -> int:
+        """A pod bound to a node is deleted gracefully, as a real API server does: the given
+        gracePeriodSeconds, else spec.terminationGracePeriodSeconds, else 30."""
+        if rt.key != ("", "pods") or not current.get("spec", {}).get("nodeName"):
+            return 0
+        grace = options.get("gracePeriodSeconds")
+        if grace is None:
+            grace = current["spec"].get("terminationGracePeriodSeconds", 30)
+        return max(int(grace), 0)
+
+    async def _bind(self, request: web.Request, target: Target) -> web.Response:
+        """POST pods/NAME/binding: what a scheduler does, sets spec.nodeName once."""
+        assert target.name is not None
+        binding = await self._object_body(request)
+        node = (binding.get("target") or {}).get("name")
+        if not node:
+            raise bad_request("a Binding needs target.name: the node to bind the pod to")
+        pod = self.store.get(target.rt, target.namespace, target.name)
+        if pod.get("spec", {}).get("nodeName"):
+            raise ApiError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on pods/binding "{target.name}": pod '
+                f'{target.name} is already assigned to node "{pod["spec"]["nodeName"]}"',
+            )
+        pod.setdefault("spec", {})["nodeName"] = node
+        self.store.update(target.rt, pod)
+        return _json({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}, 201)
+
+    # -- the scale subresource --------------------------------------------------------------
+
+    def _scale_of(self, rt: ResourceType, obj: JsonObject) -> JsonObject:
+        assert rt.scale is not None
+        meta = obj["metadata"]
+        status: JsonObject = {"replicas": _get_path(obj, rt.scale.status_replicas) or 0}
+        if rt.scale.label_selector and _get_path(obj, rt.scale.label_selector):
+            status["selector"] = _get_path(obj, rt.scale.label_selector)
+        return {
+            "kind": "Scale",
+            "apiVersion": "autoscaling/v1",
+            "metadata": {
+                key: meta[key]
+                for key in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                if key in meta
+            },
+            "spec": {"replicas": _get_path(obj, rt.scale.spec_replicas) or 0},
+            "status": status,
+        }
+
+    async def _scale(self, request: web.Request, target: Target) -> web.Response:
+        rt, scale_paths = target.rt, target.rt.scale
+        assert target.name is not None
+        assert scale_paths is not None
+        current = self.store.get(rt, target.namespace, target.name)
+        scale = self._scale_of(rt, current)
+        if request.method == "GET":
+            return _json(scale)
+        if request.method == "PUT":
+            wanted = await self._object_body(request)
+        elif request.method == "PATCH":
+            content_type = request.content_type
+            if content_type == patching.STRATEGIC_MERGE_PATCH:
+                content_type = patching.MERGE_PATCH  # a Scale has no lists: the same result
+            wanted = self._patched(rt, scale, content_type, await self._body(request))
+        else:
+            raise method_not_allowed(f"{request.method} is not supported on {rt.resource}/scale")
+        replicas = wanted.get("spec", {}).get("replicas")
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+            raise ApiError(
+                422,
+                "Invalid",
+                f'Scale.autoscaling "{target.name}" is invalid: spec.replicas: Invalid value: '
+                f"{json.dumps(replicas)}: must be a non-negative integer",
+            )
+        _set_path(current, scale_paths.spec_replicas, replicas)
+        current["metadata"]["resourceVersion"] = wanted.get("metadata", {}).get(
+            "resourceVersion", current["metadata"]["resourceVersion"]
+        )
+        validation, dry_run = self._options(request)
+        updated, _ = self.update(rt, current, field_validation=validation, dry_run=dry_run)
+        return _json(self._scale_of(rt, updated))
