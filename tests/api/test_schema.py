@@ -156,3 +156,21 @@ def test_generate_name_stands_in_for_name() -> None:
     o = obj(size=1)
     o["metadata"] = {"generateName": "thing-"}
     assert errors(o) == {}
+
+
+def test_a_crd_may_narrow_metadata_name() -> None:
+    narrowed = {
+        **SCHEMA,
+        "properties": {
+            **SCHEMA["properties"],
+            "metadata": {
+                "type": "object",
+                "properties": {"name": {"type": "string", "maxLength": 10}},
+            },
+        },
+    }
+    o = obj(size=1)
+    o["metadata"] = {"name": "much-too-long-name", "labels": {"a": "b"}}
+    found = {e.path: e.message for e in validate(narrowed, o)}
+    assert found["metadata.name"] == "must be at most 10 characters long, got 18"
+    assert set(found) == {"metadata.name", ""}  # "": too long blocks the CEL rules

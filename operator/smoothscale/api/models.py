@@ -740,6 +740,18 @@ class TaskHolder(ApiModel):
     """Changelog records the instance is behind (summed over stores); absent until it reports."""
 
 
+class TaskHandover(ApiModel):
+    """A change of active owner under way (steps 3 to 5 of the hand-over protocol)."""
+
+    from_instance: DnsSubdomain | None = None
+    """The owner giving the task up; absent when it died (fail-over)."""
+    to_instance: DnsSubdomain
+    """The caught-up instance taking the task over."""
+    restore_until: dict[str, Annotated[int, Field(strict=True, ge=0)]] | None = None
+    """Per state store, the changelog offset the old owner acknowledged on release; the new
+    owner restores up to it before processing. Absent until the old owner has released."""
+
+
 class TaskStatus(ApiModel):
     """Who holds one task, as the operator last assigned it."""
 
@@ -752,6 +764,8 @@ class TaskStatus(ApiModel):
         *_as_map("instance"),
     ] = Field(default_factory=list)
     """The instances holding the task, at most one of them active."""
+    handover: TaskHandover | None = None
+    """Set while the task moves to a new active owner; cleared once the new owner is active."""
 
     def holders_in(self, role: TaskRole) -> list[TaskHolder]:
         """The holders in `role`."""

@@ -150,10 +150,17 @@ def _to_json_schema(schema: Mapping[str, Any], *, root: bool = False) -> dict[st
     properties = {name: _to_json_schema(sub) for name, sub in schema.get("properties", {}).items()}
     embedded = bool(schema.get("x-kubernetes-embedded-resource"))
     if root or embedded:
-        # The API server checks metadata itself (see _validate_object_meta).
         properties.setdefault("apiVersion", dict(_TYPE_META["apiVersion"]))
         properties.setdefault("kind", dict(_TYPE_META["kind"]))
-        properties["metadata"] = {"type": "object"}
+        # The API server checks metadata itself (see _validate_object_meta); a CRD may only
+        # narrow name and generateName further.
+        declared = schema.get("properties", {}).get("metadata", {}).get("properties", {})
+        narrowed = {
+            field: _to_json_schema(declared[field])
+            for field in ("name", "generateName")
+            if field in declared
+        }
+        properties["metadata"] = {"type": "object", "properties": narrowed}
     if properties:
         out["properties"] = properties
     additional = schema.get("additionalProperties")
