@@ -170,3 +170,11 @@ def test_a_wrong_kind_is_refused(example: dict[str, Any]) -> None:
 def test_python_names_are_accepted_too() -> None:
     status = StreamingAppStatus(ready_replicas=2, warmup_replicas=1)
     assert status.to_kubernetes()["readyReplicas"] == 2
+
+
+def test_kopf_bodies_are_read_as_they_are(example: dict[str, Any]) -> None:
+    import kopf
+
+    app = StreamingApp.model_validate(kopf.Body(example))
+    assert app.spec.replicas == 2
+    assert app.name == "page-counts"
