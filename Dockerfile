@@ -55,6 +55,12 @@ RUN pip install --no-index --no-deps /tmp/wheels/*.whl \
     && pip check \
     && smoothscale --version
 
+# Pipelines are Python modules imported by `module:callable` (StreamingApp spec.pipeline.ref)
+# from /app: an app's image is this one plus its pipeline package copied there. The examples'
+# pipelines come with it, so examples/streamingapp.yaml runs on this image as it is.
+ENV PYTHONPATH=/app
+COPY examples/pipelines /app/examples/pipelines
+
 # A non-root user with a numeric id (so Kubernetes can verify runAsNonRoot) and a writable
 # home, which is also the working directory (Spark writes scratch files there).
 RUN groupadd --gid 10001 smoothscale \

@@ -321,10 +321,8 @@ def test_image_tag_defaults_to_the_app_version_which_is_the_package_version() ->
     )
 
     assert chart["appVersion"] == __version__
-    assert container["image"] == f"smoothscale:{__version__}"
+    assert container["image"] == f"ghcr.io/smoothscale/smoothscale:{__version__}"
     assert pinned["image"] == "registry.example/ss:x"
-    # Instances run the operator's own image unless their StreamingApp names another.
-    assert {"name": "SMOOTHSCALE_IMAGE", "value": pinned["image"]} in pinned["env"]
 
 
 def test_scheduling_values_reach_the_pod() -> None:

@@ -264,3 +264,23 @@ def test_runtime_lock_is_exactly_what_the_package_needs_at_run_time() -> None:
     assert {"pyspark", "kopf", "confluent-kafka", "pydantic", "kubernetes"} <= runtime
     assert runtime.isdisjoint(DEV_TOOLS)
     assert RUNTIME_LOCK.read_text() == render_runtime_lock()
+
+
+# --- The example runs on this image as it is ----------------------------------------------
+
+
+def test_example_streamingapp_runs_on_the_image_the_chart_installs() -> None:
+    chart = ROOT / "charts" / "smoothscale"
+    values = yaml.safe_load((chart / "values.yaml").read_text())
+    app_version = yaml.safe_load((chart / "Chart.yaml").read_text())["appVersion"]
+    example = yaml.safe_load((ROOT / "examples" / "streamingapp.yaml").read_text())
+    module = example["spec"]["pipeline"]["ref"].partition(":")[0]
+    stage = final_stage()
+    python_path = env(stage)["PYTHONPATH"]
+
+    assert example["spec"]["image"] == f"{values['image']['repository']}:{app_version}"
+    # The pipeline module is importable in the image: copied under PYTHONPATH.
+    package, _, _ = module.rpartition(".")
+    source = package.replace(".", "/")
+    assert (ROOT / f"{module.replace('.', '/')}.py").exists()
+    assert f"{source} {python_path}/{source}" in arguments(stage, "COPY")
