@@ -40,7 +40,7 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10, what: str = "
 def runner(tmp_path: Path) -> Iterator[ProcessRunner]:
     process_runner = ProcessRunner(tmp_path / "kubelet", backoff=FAST_BACKOFF)
     yield process_runner
-    process_runner.stop_all(grace_seconds=1)
+    process_runner.stop_all(max_grace_seconds=1)
 
 
 def one_container(

@@ -421,11 +421,19 @@ class ProcessRunner:
         with self._lock:
             self._pods.pop(key, None)
 
-    def stop_all(self, grace_seconds: float | None = None) -> None:
-        """Stop every pod, all at once (each within its own grace period unless given)."""
-        threads = [
-            threading.Thread(target=self.stop, args=(key, grace_seconds)) for key in self.keys()
-        ]
+    def stop_all(self, max_grace_seconds: float | None = None) -> None:
+        """Stop every pod at once, each within its own grace period, or `max_grace_seconds`
+        if that is shorter."""
+        threads = []
+        for key in self.keys():
+            with self._lock:
+                entry = self._pods.get(key)
+            if entry is None:
+                continue
+            grace = entry[0].termination_grace_seconds
+            if max_grace_seconds is not None:
+                grace = min(grace, max_grace_seconds)
+            threads.append(threading.Thread(target=self.stop, args=(key, grace)))
         for thread in threads:
             thread.start()
         for thread in threads:
