@@ -42,18 +42,14 @@ def jsonpath(obj: Any, path: str) -> list[Any]:
                 if int(index) < len(value):
                     found.append(value[int(index)])
             elif filter_field is not None and isinstance(value, list):
-                found.extend(
-                    item
-                    for item in value
-                    if isinstance(item, dict)
-                    and str(
-                        jsonpath(item, "." + filter_field)[:1]
-                        and jsonpath(item, "." + filter_field)[0]
-                    )
-                    == filter_value
-                )
+                found.extend(item for item in value if _has(item, filter_field, filter_value))
         values = found
     return values
+
+
+def _has(item: Any, field: str, expected: str) -> bool:
+    values = jsonpath(item, "." + field)
+    return bool(values) and str(values[0]) == expected
 
 
 def human_age(timestamp: str | None, at: datetime | None = None) -> str:
@@ -142,9 +138,10 @@ def _pod_row(pod: JsonObject) -> list[Any]:
 
 def _event_row(event: JsonObject) -> list[Any]:
     involved = event.get("involvedObject") or event.get("regarding") or {}
+    event_time = event.get("eventTime")
     last = (
         event.get("lastTimestamp")
-        or event.get("eventTime", "")[:19] + "Z" * bool(event.get("eventTime"))
+        or (event_time[:19] + "Z" if event_time else None)
         or event["metadata"].get("creationTimestamp")
     )
     first = event.get("firstTimestamp") or event["metadata"].get("creationTimestamp")
