@@ -576,3 +576,19 @@ def test_notes_tell_what_the_release_serves() -> None:
     assert "every namespace" in cluster_wide
     assert "ClusterKopfPeering" in cluster_wide
     assert "automountServiceAccountToken: false" in namespaced
+
+
+def test_install_guide_documents_every_value() -> None:
+    guide = (ROOT / "docs" / "install.md").read_text()
+    documented = set(re.findall(r"^\| `([\w.]+)` \|", guide, flags=re.MULTILINE))
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def undocumented(value: Any, path: str) -> list[str]:
+        if path in documented:
+            return []
+        if isinstance(value, dict) and value:
+            return [p for key, child in value.items() for p in undocumented(child, f"{path}.{key}")]
+        return [path]
+
+    assert [p for key, value in defaults.items() for p in undocumented(value, key)] == []
+    assert "watch.allNamespaces" in documented
