@@ -1,0 +1,193 @@
+"""Decoding input records, and routing the ones that cannot be decoded to the dead-letter topic.
+
+A record's value is JSON of the pipeline's `value_schema`. `decode` splits a raw micro-batch (the
+source's rows) into good rows, parsed into columns, and bad rows, each with the reason it is bad.
+Bad records never stop the instance: the runtime sends them to the dead-letter topic with
+`send_dead_letters` (reason and origin in headers) and counts them by reason.
+
+What makes a record bad (the `reason`, one of `REASONS`):
+- null-value: the value is null (a tombstone);
+- invalid-utf8: the value, or the key when it is the state key, is not UTF-8 text;
+- malformed-json: the value is not JSON;
+- not-an-object: the value is JSON but not an object;
+- wrong-type: a field's JSON value cannot be read as the schema's type ("five" for a LONG);
+- missing-field: a field of the schema is absent or null (every field is required);
+- missing-key: the pipeline keys by the record key and the record has none.
+Fields the schema does not name are ignored. Conversions follow Spark's JSON reader: a STRING
+field accepts any JSON value as its text, a number with a fraction does not fit a LONG.
+"""
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from smoothscale.runtime.pipeline import Pipeline, PipelineError
+
+if TYPE_CHECKING:
+    import confluent_kafka
+    from pyspark.sql import Column, DataFrame, Row
+
+RECORD_KEY = "key"
+"""`Pipeline.key_column` naming the record key rather than a field of the value."""
+
+NULL_VALUE = "null-value"
+INVALID_UTF8 = "invalid-utf8"
+MALFORMED_JSON = "malformed-json"
+NOT_AN_OBJECT = "not-an-object"
+WRONG_TYPE = "wrong-type"
+MISSING_FIELD = "missing-field"
+MISSING_KEY = "missing-key"
+REASONS = (
+    NULL_VALUE,
+    INVALID_UTF8,
+    MALFORMED_JSON,
+    NOT_AN_OBJECT,
+    WRONG_TYPE,
+    MISSING_FIELD,
+    MISSING_KEY,
+)
+"""Every reason a record can be bad; few on purpose, as they label the dead-letter counter."""
+
+REASON_HEADER = "smoothscale.reason"
+ORIGIN_TOPIC_HEADER = "smoothscale.origin.topic"
+ORIGIN_PARTITION_HEADER = "smoothscale.origin.partition"
+ORIGIN_OFFSET_HEADER = "smoothscale.origin.offset"
+
+RESERVED_COLUMNS = ("partition", "offset", "timestamp", "key")
+"""Columns of a decoded row that are not value fields; the value schema cannot reuse them."""
+
+_CORRUPT_COLUMN = "_smoothscale_corrupt_record"
+_PARSED_COLUMN = "_smoothscale_parsed"
+_REASON_COLUMN = "_smoothscale_reason"
+
+
+def decode(batch: "DataFrame", pipeline: Pipeline) -> "tuple[DataFrame, DataFrame]":
+    """Split the source's rows into (good rows, bad rows).
+
+    Good rows have columns partition, offset, timestamp, key (the record key as a STRING), then
+    the fields of `pipeline.value_schema`. Bad rows have topic, partition, offset, key, value (as
+    read) and reason. Both frames derive from `batch`: persist it first if it is costly to read
+    twice (a streaming micro-batch is).
+    """
+    from pyspark.sql import functions as F
+
+    fields = _value_fields(pipeline)
+    text = F.col("value").cast("string")
+    parsed_schema = f"{pipeline.value_schema}, {_CORRUPT_COLUMN} STRING"
+    parsed = batch.select(
+        "*",
+        F.from_json(
+            text,
+            parsed_schema,
+            {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT_COLUMN},
+        ).alias(_PARSED_COLUMN),
+    )
+    classified = parsed.withColumn(_REASON_COLUMN, _reason(pipeline, fields, text))
+    good = classified.where(F.col(_REASON_COLUMN).isNull()).select(
+        "partition",
+        "offset",
+        "timestamp",
+        F.col("key").cast("string").alias("key"),
+        *(F.col(f"{_PARSED_COLUMN}.`{field}`").alias(field) for field in fields),
+    )
+    bad = classified.where(F.col(_REASON_COLUMN).isNotNull()).select(
+        "topic",
+        "partition",
+        "offset",
+        "key",
+        "value",
+        F.col(_REASON_COLUMN).alias("reason"),
+    )
+    return good, bad
+
+
+def _value_fields(pipeline: Pipeline) -> list[str]:
+    """The value schema's field names, after checking the schema is one the runtime can use."""
+    from pyspark.sql.types import DataType, StructType
+
+    try:
+        schema = DataType.fromDDL(pipeline.value_schema)
+    except Exception as error:
+        raise PipelineError(
+            f"value schema {pipeline.value_schema!r} of store {pipeline.store!r} is not valid "
+            f'Spark DDL (write it like "user STRING, amount LONG"): {error}'
+        ) from error
+    if not isinstance(schema, StructType) or not schema.fields:
+        raise PipelineError(
+            f"value schema {pipeline.value_schema!r} must list the fields of a JSON object, "
+            'like "user STRING, amount LONG"'
+        )
+    names = list(schema.names)
+    clashes = sorted(set(names) & set(RESERVED_COLUMNS))
+    if clashes:
+        raise PipelineError(
+            f"value schema {pipeline.value_schema!r} names {', '.join(clashes)}, which the "
+            f"decoded rows already use for the record's {', '.join(RESERVED_COLUMNS)}: rename "
+            "those fields in the schema (a field is matched by name in the JSON value)"
+        )
+    if pipeline.key_column != RECORD_KEY and pipeline.key_column not in names:
+        raise PipelineError(
+            f"key column {pipeline.key_column!r} is neither {RECORD_KEY!r} (the record key) nor "
+            f"a field of the value schema {pipeline.value_schema!r}"
+        )
+    return names
+
+
+def _reason(pipeline: Pipeline, fields: list[str], text: "Column") -> "Column":
+    """Why a row is bad, or null when it is good; the first failing check names it."""
+    from pyspark.sql import functions as F
+
+    corrupt = (
+        F.col(_PARSED_COLUMN).isNull() | F.col(f"{_PARSED_COLUMN}.{_CORRUPT_COLUMN}").isNotNull()
+    )
+    # Only a corrupt value is parsed a second time, to tell which way it is corrupt.
+    corrupt_reason = (
+        F.when(F.try_parse_json(text).isNull(), F.lit(MALFORMED_JSON))
+        .when(~F.ltrim(text).startswith("{"), F.lit(NOT_AN_OBJECT))
+        .otherwise(F.lit(WRONG_TYPE))
+    )
+    any_field_missing = F.lit(False)
+    for field in fields:
+        any_field_missing = any_field_missing | F.col(f"{_PARSED_COLUMN}.`{field}`").isNull()
+    reason = (
+        F.when(F.col("value").isNull(), F.lit(NULL_VALUE))
+        .when(~F.is_valid_utf8(text), F.lit(INVALID_UTF8))
+        .when(corrupt, corrupt_reason)
+        .when(any_field_missing, F.lit(MISSING_FIELD))
+    )
+    if pipeline.key_column == RECORD_KEY:
+        key_text = F.col("key").cast("string")
+        reason = reason.when(F.col("key").isNull(), F.lit(MISSING_KEY)).when(
+            ~F.is_valid_utf8(key_text), F.lit(INVALID_UTF8)
+        )
+    return reason
+
+
+def send_dead_letters(
+    rows: "Iterable[Row]", producer: "confluent_kafka.Producer", topic: str
+) -> int:
+    """Produce each bad row to `topic` as it was read, with its reason and origin in headers.
+
+    Headers: smoothscale.reason, smoothscale.origin.topic, smoothscale.origin.partition and
+    smoothscale.origin.offset (text). Returns how many were sent. The records are queued, not
+    flushed: the caller commits its transaction (or flushes) to make them durable.
+    """
+    sent = 0
+    for row in rows:
+        headers: list[tuple[str, str | bytes | None]] = [
+            (REASON_HEADER, str(row["reason"]).encode()),
+            (ORIGIN_TOPIC_HEADER, str(row["topic"]).encode()),
+            (ORIGIN_PARTITION_HEADER, str(row["partition"]).encode()),
+            (ORIGIN_OFFSET_HEADER, str(row["offset"]).encode()),
+        ]
+        key = None if row["key"] is None else bytes(row["key"])
+        value = None if row["value"] is None else bytes(row["value"])
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value, headers=headers)
+                break
+            except BufferError:
+                # The local queue is full: let deliveries drain, then queue this one again.
+                producer.poll(0.1)
+        sent += 1
+    producer.poll(0)
+    return sent

@@ -1,0 +1,452 @@
+"""A Kafka source for Spark Structured Streaming that reads exactly the partitions it is told to.
+
+The pip PySpark has no Kafka connector, so this is a Python data source (pyspark.sql.datasource)
+over confluent-kafka; docs/decisions/0001-kafka-source-as-python-data-source.md says why.
+
+    spark.readStream.format("smoothscale-kafka")
+        .option("bootstrap.servers", "...").option("topics", "orders,payments")
+        .option("plan.path", "/state/plan.json").load()
+
+Rows: topic STRING, partition INT, offset LONG, key BINARY, value BINARY, timestamp TIMESTAMP.
+
+Which partitions, from where: the plan. Spark runs the stream reader's planning methods in a
+Python worker process of its own, not in the driver's interpreter, so the driver tells the
+reader what to read through a JSON file it replaces atomically (`write_plan`):
+
+    {"partitions": {"orders:3": 1200, "payments:3": 57}, "version": 8}
+
+Before each micro-batch the reader reads the plan again (docs/runtime-source.md):
+- a partition newly in the plan is read from the plan's start offset;
+- a partition no longer in the plan is not read any more;
+- a partition still in the plan goes on from where the previous micro-batch ended, unless its
+  start offset in the plan changed since the reader last saw it (the task was released and
+  taken again): then it is read from the new start offset.
+So the set of partitions changes between micro-batches without restarting the query. Each batch
+reads every planned partition up to its end offset when the batch was planned, at most
+`max.records.per.partition` offsets of it, with isolation.level=read_committed.
+
+Spark's offsets for this source are, per "topic:partition", the next offset to read and the
+plan's start offset the reader last saw: {"orders:3": {"next": 1300, "start": 1200}}. The
+runtime gives every run of the query a fresh checkpoint: input positions live in each task's
+state, and the plan, written from that state, is the only source of start offsets.
+"""
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamReader,
+    InputPartition,
+)
+
+if TYPE_CHECKING:
+    import confluent_kafka
+    import pyarrow
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming.datasource import ReadLimit
+    from pyspark.sql.types import StructType
+
+SOURCE_NAME = "smoothscale-kafka"
+SCHEMA = "topic STRING, partition INT, offset LONG, key BINARY, value BINARY, timestamp TIMESTAMP"
+
+BOOTSTRAP_SERVERS_OPTION = "bootstrap.servers"
+TOPICS_OPTION = "topics"
+PLAN_PATH_OPTION = "plan.path"
+MAX_RECORDS_OPTION = "max.records.per.partition"
+READ_TIMEOUT_OPTION = "read.timeout.seconds"
+KAFKA_OPTION_PREFIX = "kafka."
+
+DEFAULT_READ_TIMEOUT_SECONDS = 60.0
+"""How long reading a partition may make no progress before the batch fails (broker down)."""
+ARROW_CHUNK_RECORDS = 8192
+"""Records per Arrow record batch handed to Spark."""
+_POLL_SECONDS = 0.2
+_METADATA_TIMEOUT_SECONDS = 10.0
+
+
+class SourceError(RuntimeError):
+    """The source cannot do what it was asked; the message says what to fix."""
+
+
+TopicPartitionName = str
+"""A partition as it appears in plans and offsets: "topic:partition"."""
+
+
+def partition_name(topic: str, partition: int) -> TopicPartitionName:
+    return f"{topic}:{partition}"
+
+
+def parse_partition_name(name: TopicPartitionName) -> tuple[str, int]:
+    topic, separator, number = name.rpartition(":")
+    if not separator or not topic or not number.isdigit():
+        raise SourceError(
+            f"{name!r} does not name a Kafka partition: write it as 'topic:partition', "
+            "e.g. 'orders:3'"
+        )
+    return topic, int(number)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the driver wants read: start offset per partition, and the plan's version."""
+
+    partitions: Mapping[TopicPartitionName, int]
+    version: int
+
+
+def write_plan(path: str | Path, starts: Mapping[tuple[str, int], int], version: int) -> None:
+    """Replace the plan at `path` atomically (temp file + rename in the same directory)."""
+    target = Path(path)
+    document = {
+        "partitions": {
+            partition_name(topic, partition): offset
+            for (topic, partition), offset in sorted(starts.items())
+        },
+        "version": version,
+    }
+    descriptor, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(descriptor, "w") as file:
+            json.dump(document, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def read_plan(path: str | Path) -> Plan:
+    """Read and check the plan at `path`."""
+    try:
+        document = json.loads(Path(path).read_text())
+    except FileNotFoundError as error:
+        raise SourceError(
+            f"no partition plan at {path}: the driver writes it (write_plan) before it starts "
+            "the query, even when it has no partition to read yet"
+        ) from error
+    except (OSError, ValueError) as error:
+        raise SourceError(f"cannot read the partition plan {path}: {error}") from error
+    partitions = document.get("partitions") if isinstance(document, dict) else None
+    version = document.get("version") if isinstance(document, dict) else None
+    if not isinstance(partitions, dict) or not isinstance(version, int):
+        raise SourceError(
+            f"partition plan {path} must be a JSON object "
+            '{"partitions": {"topic:partition": startOffset, ...}, "version": n}'
+        )
+    for name, offset in partitions.items():
+        parse_partition_name(name)
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise SourceError(
+                f"partition plan {path}: start offset of {name} must be a non-negative "
+                f"integer, got {offset!r}"
+            )
+    return Plan(partitions=partitions, version=version)
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """The source's options, checked once when the query starts."""
+
+    bootstrap_servers: str
+    topics: tuple[str, ...]
+    plan_path: str
+    max_records_per_partition: int | None
+    read_timeout_seconds: float
+    kafka_config: Mapping[str, str]
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> "SourceOptions":
+        missing = [
+            name
+            for name in (BOOTSTRAP_SERVERS_OPTION, TOPICS_OPTION, PLAN_PATH_OPTION)
+            if not options.get(name)
+        ]
+        if missing:
+            raise SourceError(
+                f"the {SOURCE_NAME} source needs the option(s) {', '.join(missing)}: "
+                f'.option("{missing[0]}", ...) on spark.readStream'
+            )
+        topics = tuple(topic.strip() for topic in options[TOPICS_OPTION].split(",") if topic)
+        return cls(
+            bootstrap_servers=options[BOOTSTRAP_SERVERS_OPTION],
+            topics=topics,
+            plan_path=options[PLAN_PATH_OPTION],
+            max_records_per_partition=_positive_int(options, MAX_RECORDS_OPTION),
+            read_timeout_seconds=_positive_float(options, READ_TIMEOUT_OPTION)
+            or DEFAULT_READ_TIMEOUT_SECONDS,
+            kafka_config={
+                name[len(KAFKA_OPTION_PREFIX) :]: value
+                for name, value in options.items()
+                if name.startswith(KAFKA_OPTION_PREFIX)
+            },
+        )
+
+    def consumer_config(self) -> dict[str, Any]:
+        """Settings of every consumer the source makes: passthrough first, ours on top."""
+        return {
+            **self.kafka_config,
+            "bootstrap.servers": self.bootstrap_servers,
+            # assign() never joins the group; librdkafka still wants a group id.
+            "group.id": "smoothscale-source",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "isolation.level": "read_committed",
+            # A start offset outside the log is a lost input: fail, never skip silently.
+            "auto.offset.reset": "error",
+            "enable.partition.eof": False,
+        }
+
+
+def _positive_int(options: Mapping[str, str], name: str) -> int | None:
+    raw = options.get(name)
+    if raw is None:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise SourceError(f"option {name} must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
+def _positive_float(options: Mapping[str, str], name: str) -> float | None:
+    raw = options.get(name)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if value <= 0:
+        raise SourceError(f"option {name} must be a positive number of seconds, got {raw!r}")
+    return value
+
+
+class KafkaRange(InputPartition):
+    """Offsets [start, end) of one Kafka partition: what one Spark task of a micro-batch reads."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
+        super().__init__((topic, partition, start, end))
+        self.topic = topic
+        self.partition = partition
+        self.start = start
+        self.end = end
+
+
+class KafkaStreamReader(DataSourceStreamReader):
+    """Plans micro-batches from the partition plan; reads each range with its own consumer."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._consumer: confluent_kafka.Consumer | None = None
+
+    def initialOffset(self) -> dict[str, Any]:
+        plan = self._plan()
+        return {name: {"next": start, "start": start} for name, start in sorted(plan.items())}
+
+    def latestOffset(self, start: dict[str, Any], limit: "ReadLimit") -> dict[str, Any]:  # noqa: ARG002
+        """The end of the next micro-batch: for each planned partition, where it stops.
+
+        Spark's read limit is not used: the source's own cap, max.records.per.partition,
+        bounds every batch (a bounded batch is what keeps a hand-over short).
+        """
+        plan = self._plan()
+        names = sorted(plan)
+        ends = self._end_offsets(names)
+        cap = self.options.max_records_per_partition
+        latest: dict[str, Any] = {}
+        for name in names:
+            begin = _range_start(name, plan[name], start)
+            end = max(begin, ends[name])
+            if cap is not None:
+                end = min(end, begin + cap)
+            latest[name] = {"next": end, "start": plan[name]}
+        return latest
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[KafkaRange]:
+        ranges = []
+        for name, position in sorted(end.items()):
+            begin = _range_start(name, position["start"], start)
+            if position["next"] > begin:
+                topic, partition = parse_partition_name(name)
+                ranges.append(KafkaRange(topic, partition, begin, position["next"]))
+        return ranges
+
+    def read(self, partition: InputPartition) -> Iterator["pyarrow.RecordBatch"]:
+        if not isinstance(partition, KafkaRange):
+            raise SourceError(f"the {SOURCE_NAME} source cannot read {partition!r}")
+        return read_range(self.options, partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to do: input positions are committed with each task's state, not here."""
+
+    def stop(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    def _plan(self) -> dict[TopicPartitionName, int]:
+        plan = read_plan(self.options.plan_path)
+        unknown = sorted(
+            name
+            for name in plan.partitions
+            if parse_partition_name(name)[0] not in self.options.topics
+        )
+        if unknown:
+            raise SourceError(
+                f"partition plan {self.options.plan_path} names {', '.join(unknown)}, outside "
+                f"the source's topics ({', '.join(self.options.topics)})"
+            )
+        return dict(plan.partitions)
+
+    def _end_offsets(self, names: Sequence[TopicPartitionName]) -> dict[TopicPartitionName, int]:
+        """Each partition's end offset now (the last stable offset, for read_committed)."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        if self._consumer is None:
+            self._consumer = Consumer(self.options.consumer_config())
+        ends = {}
+        for name in names:
+            topic, partition = parse_partition_name(name)
+            _, high = self._consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=_METADATA_TIMEOUT_SECONDS, cached=False
+            )
+            ends[name] = high
+        return ends
+
+
+def _range_start(name: TopicPartitionName, plan_start: int, previous: Mapping[str, Any]) -> int:
+    """Where a partition's next range begins: where the last one ended, unless it is new to the
+    reader or its plan start offset changed (then the plan's start offset)."""
+    before = previous.get(name)
+    if isinstance(before, dict) and before.get("start") == plan_start:
+        return int(before["next"])
+    return plan_start
+
+
+def read_range(options: SourceOptions, kafka_range: KafkaRange) -> Iterator["pyarrow.RecordBatch"]:
+    """The records of `kafka_range`, as Arrow record batches of the source's schema.
+
+    The range is done when the consumer's position reaches its end: a transaction's control
+    records (and an aborted transaction's records, under read_committed) occupy offsets but are
+    never delivered, so waiting for a record at end - 1 could wait forever.
+    """
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+    topic, partition, end = kafka_range.topic, kafka_range.partition, kafka_range.end
+    consumer = Consumer(options.consumer_config())
+    try:
+        consumer.assign([TopicPartition(topic, partition, kafka_range.start)])
+        chunk = _Chunk(topic, partition)
+        position = kafka_range.start
+        stalled_since = time.monotonic()
+        while position < end:
+            # Ask for no more than the range can hold, so a short range does not wait for more.
+            wanted = min(ARROW_CHUNK_RECORDS, end - position)
+            for message in consumer.consume(wanted, timeout=_POLL_SECONDS):
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise KafkaException(error)
+                offset = message.offset()
+                if offset is not None and offset < end:
+                    chunk.add(offset, message.key(), message.value(), message.timestamp()[1])
+            if len(chunk) >= ARROW_CHUNK_RECORDS:
+                yield chunk.take()
+            (current,) = consumer.position([TopicPartition(topic, partition)])
+            if current.offset > position:
+                position = current.offset
+                stalled_since = time.monotonic()
+            elif time.monotonic() - stalled_since > options.read_timeout_seconds:
+                raise SourceError(
+                    f"reading {topic}:{partition} offsets {kafka_range.start}..{end}: no "
+                    f"progress for {options.read_timeout_seconds:g} s at offset {position}; is "
+                    f"the broker reachable ({options.bootstrap_servers})?"
+                )
+        if len(chunk):
+            yield chunk.take()
+    finally:
+        consumer.close()
+
+
+class _Chunk:
+    """Column buffers for the next Arrow record batch of one partition."""
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self._reset()
+
+    def _reset(self) -> None:
+        self.offsets: list[int] = []
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.timestamps: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def add(self, offset: int, key: Any, value: Any, timestamp_ms: int) -> None:
+        self.offsets.append(offset)
+        self.keys.append(key)
+        self.values.append(value)
+        self.timestamps.append(timestamp_ms * 1000)
+
+    def take(self) -> "pyarrow.RecordBatch":
+        import pyarrow as pa
+
+        count = len(self.offsets)
+        batch = pa.RecordBatch.from_arrays(
+            [
+                pa.array([self.topic] * count, pa.string()),
+                pa.array([self.partition] * count, pa.int32()),
+                pa.array(self.offsets, pa.int64()),
+                pa.array(self.keys, pa.binary()),
+                pa.array(self.values, pa.binary()),
+                pa.array(self.timestamps, pa.timestamp("us", tz="UTC")),
+            ],
+            schema=_arrow_schema(),
+        )
+        self._reset()
+        return batch
+
+
+def _arrow_schema() -> "pyarrow.Schema":
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            pa.field("topic", pa.string()),
+            pa.field("partition", pa.int32()),
+            pa.field("offset", pa.int64()),
+            pa.field("key", pa.binary()),
+            pa.field("value", pa.binary()),
+            pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+        ]
+    )
+
+
+class KafkaDataSource(DataSource):
+    """The "smoothscale-kafka" streaming source (see the module docstring)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def streamReader(self, schema: "StructType") -> DataSourceStreamReader:  # noqa: ARG002
+        """The reader; `schema` is always SCHEMA (the source has no user-given schema)."""
+        return KafkaStreamReader(SourceOptions.parse(self.options))
+
+
+def register_source(spark: "SparkSession") -> None:
+    """Make `spark.readStream.format("smoothscale-kafka")` available in this session."""
+    spark.dataSource.register(KafkaDataSource)

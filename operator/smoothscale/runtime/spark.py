@@ -1,0 +1,54 @@
+"""The instance's Spark session: local mode inside the pod, sized for a small share of a node.
+
+Every instance is one Spark driver (a JVM) running `local[2]`; several of them share a node, so
+the session turns off what an unattended driver does not need (the web UI) and keeps memory and
+shuffle parallelism small. The session registers the smoothscale Kafka source, so a caller can
+`spark.readStream.format("smoothscale-kafka")` at once.
+"""
+
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+DRIVER_MEMORY = "512m"
+"""Heap of the instance's driver JVM; its state lives in the embedded store, off the JVM heap."""
+
+
+def local_session(app_name: str, *, shuffle_partitions: int = 2) -> "SparkSession":
+    """A local[2] Spark session named `app_name` with the smoothscale Kafka source registered.
+
+    The UI is off, the driver heap is small, Arrow carries data between the JVM and Python, and
+    Spark logs only warnings and errors. Calling it again in the same process returns the running
+    session (Spark allows one per process).
+    """
+    from pyspark.sql import SparkSession
+
+    from smoothscale.runtime.source import register_source
+
+    # A session's JVM inherits these; PySpark itself reads them before it starts the gateway.
+    os.environ.setdefault("PYSPARK_PYTHON", _python_executable())
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", _python_executable())
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.memory", DRIVER_MEMORY)
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.streaming.stopTimeout", "30s")
+        .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=WARN")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("WARN")
+    register_source(spark)
+    return spark
+
+
+def _python_executable() -> str:
+    """The interpreter running this process, so Spark's Python workers see the same packages."""
+    import sys
+
+    return sys.executable

@@ -1,0 +1,30 @@
+"""The partition plan: the file through which the driver tells the source what to read."""
+
+from pathlib import Path
+
+import pytest
+
+from smoothscale.runtime.source import SourceError, read_plan, write_plan
+
+
+def test_write_plan_replaces_the_plan_atomically_and_read_plan_reads_it(tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    write_plan(path, {("orders", 3): 1200, ("payments", 3): 57}, version=8)
+    write_plan(path, {("orders", 4): 9}, version=9)
+
+    plan = read_plan(path)
+
+    assert plan.partitions == {"orders:4": 9}
+    assert plan.version == 9
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.json"], "no temporary file is left"
+
+
+def test_read_plan_says_what_is_wrong_with_a_bad_plan(tmp_path: Path) -> None:
+    with pytest.raises(SourceError, match="no partition plan"):
+        read_plan(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text('{"partitions": {"orders": 1}, "version": 1}')
+    with pytest.raises(SourceError, match="'topic:partition'"):
+        read_plan(tmp_path / "bad.json")
+    (tmp_path / "negative.json").write_text('{"partitions": {"orders:1": -1}, "version": 1}')
+    with pytest.raises(SourceError, match="non-negative"):
+        read_plan(tmp_path / "negative.json")

@@ -1,0 +1,170 @@
+"""The smoothscale Kafka source in real streaming queries against the embedded Kafka."""
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+from pyspark.sql import SparkSession
+
+from smoothscale.kafka.embedded import EmbeddedKafka
+from smoothscale.runtime.source import write_plan
+
+from .conftest import CollectingStream, offsets, positions, produce, unique
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture
+def topic(embedded_kafka: EmbeddedKafka) -> str:
+    """A 3-partition topic holding 10 records per partition (offsets 0..9)."""
+    name = unique("input")
+    embedded_kafka.create_topic(name, 3)
+    produce(
+        embedded_kafka,
+        name,
+        [(p, f"k{i}".encode(), f"p{p}-{i}".encode()) for p in range(3) for i in range(10)],
+    )
+    return name
+
+
+@pytest.fixture
+def stream_factory(
+    spark: SparkSession, embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> Iterator[object]:
+    streams: list[CollectingStream] = []
+
+    def start(topic: str, plan: dict[tuple[str, int], int], **options: str) -> CollectingStream:
+        write_plan(tmp_path / "plan.json", plan, version=1)
+        stream = CollectingStream(
+            spark,
+            embedded_kafka,
+            [topic],
+            tmp_path / "plan.json",
+            tmp_path / unique("checkpoint"),
+            options,
+        )
+        streams.append(stream)
+        return stream
+
+    yield start
+    for stream in streams:
+        stream.stop()
+
+
+def test_reads_exactly_the_planned_partitions_from_their_start_offsets(
+    topic: str, stream_factory
+) -> None:
+    stream = stream_factory(topic, {(topic, 0): 3, (topic, 2): 0})
+
+    rows = stream.drain_rows()
+
+    assert positions(rows) == offsets(0, 3, 10) | offsets(2, 0, 10)
+    assert len(rows) == 17, "no record is read twice"
+    first = min(rows, key=lambda row: (row["partition"], row["offset"]))
+    assert (first["topic"], first["key"], first["value"]) == (topic, b"k3", b"p0-3")
+
+
+def test_plan_changes_between_batches_without_restarting_the_query(
+    topic: str, stream_factory, embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    stream = stream_factory(topic, {(topic, 0): 0, (topic, 2): 0})
+    stream.drain_rows()
+    query_run = stream.query.runId
+
+    write_plan(tmp_path / "plan.json", {(topic, 0): 0, (topic, 1): 5, (topic, 2): 0}, version=2)
+    added = stream.drain_rows()
+
+    assert positions(added) == offsets(1, 5, 10), "the added partition starts at its plan offset"
+
+    produce(embedded_kafka, topic, [(p, None, b"more") for p in range(3)])
+    write_plan(tmp_path / "plan.json", {(topic, 1): 5, (topic, 2): 0}, version=3)
+    after_drop = stream.drain_rows()
+
+    assert positions(after_drop) == {(1, 10), (2, 10)}, "the dropped partition is not read"
+    assert stream.query.isActive
+    assert stream.query.runId == query_run
+
+
+def test_partition_whose_plan_start_changed_is_read_again_from_the_new_start(
+    topic: str, stream_factory, tmp_path: Path
+) -> None:
+    stream = stream_factory(topic, {(topic, 0): 0, (topic, 1): 0})
+    stream.drain_rows()
+
+    write_plan(tmp_path / "plan.json", {(topic, 0): 0, (topic, 1): 6}, version=2)
+    rows = stream.drain_rows()
+
+    assert positions(rows) == offsets(1, 6, 10)
+
+
+def test_a_dropped_partition_taken_again_starts_from_its_new_plan_offset(
+    topic: str, stream_factory, tmp_path: Path
+) -> None:
+    stream = stream_factory(topic, {(topic, 0): 0})
+    stream.drain_rows()
+    write_plan(tmp_path / "plan.json", {}, version=2)
+    assert stream.drain_rows() == []
+
+    write_plan(tmp_path / "plan.json", {(topic, 0): 7}, version=3)
+
+    assert positions(stream.drain_rows()) == offsets(0, 7, 10)
+
+
+def test_batches_hold_at_most_max_records_per_partition(topic: str, stream_factory) -> None:
+    stream = stream_factory(
+        topic, {(topic, 0): 0, (topic, 1): 0}, **{"max.records.per.partition": "4"}
+    )
+
+    batches = stream.drain()
+
+    per_batch = [
+        sorted((p, sum(1 for row in batch if row["partition"] == p)) for p in (0, 1))
+        for batch in batches
+    ]
+    assert per_batch == [[(0, 4), (1, 4)], [(0, 4), (1, 4)], [(0, 2), (1, 2)]]
+
+
+def test_a_range_ending_in_transaction_markers_is_read_without_waiting(
+    embedded_kafka: EmbeddedKafka, stream_factory
+) -> None:
+    topic = unique("transactional")
+    embedded_kafka.create_topic(topic, 1)
+    producer = Producer(
+        {
+            "bootstrap.servers": embedded_kafka.bootstrap_servers,
+            "transactional.id": unique("writer"),
+            "log_level": 3,
+        }
+    )
+    producer.init_transactions(10)
+    for transaction in range(3):
+        producer.begin_transaction()
+        for i in range(5):
+            producer.produce(topic, partition=0, value=f"t{transaction}-{i}".encode())
+        producer.commit_transaction(10)
+    # 15 records and 3 commit markers: the partition ends on a marker, at offset 18.
+    stream = stream_factory(topic, {(topic, 0): 0}, **{"read.timeout.seconds": "30"})
+
+    began = time.monotonic()
+    rows = stream.drain_rows()
+    elapsed = time.monotonic() - began
+
+    assert [row["value"] for row in rows] == [
+        f"t{t}-{i}".encode() for t in range(3) for i in range(5)
+    ]
+    assert max(row["offset"] for row in rows) == 16
+    assert stream.query.lastProgress["sources"][0]["endOffset"] == (
+        f'{{"{topic}:0": {{"next": 18, "start": 0}}}}'
+    )
+    assert elapsed < 25, f"the batch waited {elapsed:.1f} s for a marker that is never delivered"
+
+
+def test_a_plan_outside_the_source_topics_fails_the_query_with_a_clear_error(
+    topic: str, stream_factory
+) -> None:
+    stream = stream_factory(topic, {("elsewhere", 0): 0})
+
+    with pytest.raises(Exception, match="outside the source's topics"):
+        stream.drain()
