@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import time
@@ -353,3 +354,26 @@ def test_pods_json_patch_and_label_selector(kubectl: Kubectl) -> None:
 
     assert kubectl("get", "pods", "-l", "role=active", "-o", "name").split() == ["pod/worker-0"]
     assert kubectl("get", "pods", "-l", "app", "-o", "name") == ""
+
+
+def test_typed_create_commands_that_send_protobuf_work(kubectl: Kubectl) -> None:
+    kubectl("create", "namespace", "shop")
+    kubectl("create", "configmap", "settings", "-n", "shop", "--from-literal=mode=fast")
+    kubectl("create", "secret", "generic", "kafka", "-n", "shop", "--from-literal=password=hunter2")
+    kubectl("create", "serviceaccount", "runner", "-n", "shop")
+
+    assert kubectl.json("get", "configmap", "settings", "-n", "shop")["data"] == {"mode": "fast"}
+    secret = kubectl.json("get", "secret", "kafka", "-n", "shop")
+    assert base64.b64decode(secret["data"]["password"]) == b"hunter2"
+    assert (
+        kubectl("get", "serviceaccounts", "-n", "shop", "-o", "name") == "serviceaccount/runner\n"
+    )
+    assert "shop" in kubectl("get", "namespaces", "-o", "name")
+
+
+def test_reapplying_an_unchanged_crd_changes_nothing(kubectl: Kubectl) -> None:
+    out = kubectl("apply", "-f", str(ROOT / "crds"))
+    again = kubectl("apply", "-f", str(ROOT / "crds"))
+
+    assert "configured" in out  # the server loaded it at start, without kubectl's annotation
+    assert "unchanged" in again

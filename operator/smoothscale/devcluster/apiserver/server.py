@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from smoothscale.devcluster.apiserver import discovery, patching, tables
+from smoothscale.devcluster.apiserver import discovery, patching, protobuf, tables
 from smoothscale.devcluster.apiserver.admission import STRICT, WARN, admit_builtin, admit_custom
 from smoothscale.devcluster.apiserver.errors import (
     ApiError,
@@ -173,7 +173,7 @@ class ApiServer:
     ) -> tuple[JsonObject, list[str]]:
         meta = obj.setdefault("metadata", {})
         if rt.namespaced:
-            if meta.get("namespace", namespace) != namespace:
+            if meta.get("namespace") not in (None, "", namespace):
                 raise bad_request(
                     "the namespace of the provided object does not match the namespace sent on "
                     "the request"
@@ -486,6 +486,8 @@ class ApiServer:
 
     @staticmethod
     async def _body(request: web.Request) -> Any:
+        if request.content_type == protobuf.MEDIA_TYPE:
+            return protobuf.decode(await request.read())
         text = await request.text()
         if not text.strip():
             return None
