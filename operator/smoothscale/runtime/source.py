@@ -13,20 +13,24 @@ Which partitions, from where: the plan. Spark runs the stream reader's planning 
 Python worker process of its own, not in the driver's interpreter, so the driver tells the
 reader what to read through a JSON file it replaces atomically (`write_plan`):
 
-    {"partitions": {"orders:3": 1200, "payments:3": 57}, "version": 8}
+    {"partitions": {"orders:3": 1200, "payments:3": 57}, "version": 8,
+     "activations": {"orders:3": 2, "payments:3": 2}}
 
 Before each micro-batch the reader reads the plan again (docs/runtime-source.md):
 - a partition newly in the plan is read from the plan's start offset;
 - a partition no longer in the plan is not read any more;
 - a partition still in the plan goes on from where the previous micro-batch ended, unless its
-  start offset in the plan changed since the reader last saw it (the task was released and
-  taken again): then it is read from the new start offset.
+  start offset or its activation number (optional, 0 when absent; the driver bumps it each time
+  it takes the task) changed since the reader last saw it: then it is read from the plan's
+  start offset. The activation number makes a release followed by a re-activation at the same
+  start offset visible even when the reader never saw the plan without the partition.
 So the set of partitions changes between micro-batches without restarting the query. Each batch
 reads every planned partition up to its end offset when the batch was planned, at most
 `max.records.per.partition` offsets of it, with isolation.level=read_committed.
 
 Spark's offsets for this source are, per "topic:partition", the next offset to read and the
-plan's start offset the reader last saw: {"orders:3": {"next": 1300, "start": 1200}}. The
+plan's start offset and activation the reader last saw:
+{"orders:3": {"next": 1300, "start": 1200, "activation": 2}}. The
 runtime gives every run of the query a fresh checkpoint: input positions live in each task's
 state, and the plan, written from that state, is the only source of start offsets.
 """
@@ -99,10 +103,24 @@ class Plan:
 
     partitions: Mapping[TopicPartitionName, int]
     version: int
+    activations: Mapping[TopicPartitionName, int]
+    """How many times the driver has taken each partition; absent means 0."""
+
+    def activation(self, name: TopicPartitionName) -> int:
+        return self.activations.get(name, 0)
 
 
-def write_plan(path: str | Path, starts: Mapping[tuple[str, int], int], version: int) -> None:
-    """Replace the plan at `path` atomically (temp file + rename in the same directory)."""
+def write_plan(
+    path: str | Path,
+    starts: Mapping[tuple[str, int], int],
+    version: int,
+    activations: Mapping[tuple[str, int], int] | None = None,
+) -> None:
+    """Replace the plan at `path` atomically (temp file + rename in the same directory).
+
+    `activations` (optional) numbers each partition's activations: bump a partition's number
+    every time it is taken again, so the reader restarts it from its start offset.
+    """
     target = Path(path)
     document = {
         "partitions": {
@@ -110,6 +128,10 @@ def write_plan(path: str | Path, starts: Mapping[tuple[str, int], int], version:
             for (topic, partition), offset in sorted(starts.items())
         },
         "version": version,
+        "activations": {
+            partition_name(topic, partition): number
+            for (topic, partition), number in sorted((activations or {}).items())
+        },
     }
     descriptor, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     try:
@@ -134,21 +156,30 @@ def read_plan(path: str | Path) -> Plan:
         ) from error
     except (OSError, ValueError) as error:
         raise SourceError(f"cannot read the partition plan {path}: {error}") from error
-    partitions = document.get("partitions") if isinstance(document, dict) else None
-    version = document.get("version") if isinstance(document, dict) else None
-    if not isinstance(partitions, dict) or not isinstance(version, int):
+    if not isinstance(document, dict):
+        document = {}
+    partitions = document.get("partitions")
+    version = document.get("version")
+    activations = document.get("activations", {})
+    if (
+        not isinstance(partitions, dict)
+        or not isinstance(version, int)
+        or not isinstance(activations, dict)
+    ):
         raise SourceError(
             f"partition plan {path} must be a JSON object "
-            '{"partitions": {"topic:partition": startOffset, ...}, "version": n}'
+            '{"partitions": {"topic:partition": startOffset, ...}, "version": n, '
+            '"activations": {"topic:partition": n, ...}} (activations optional)'
         )
-    for name, offset in partitions.items():
-        parse_partition_name(name)
-        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
-            raise SourceError(
-                f"partition plan {path}: start offset of {name} must be a non-negative "
-                f"integer, got {offset!r}"
-            )
-    return Plan(partitions=partitions, version=version)
+    for what, numbers in (("start offset", partitions), ("activation", activations)):
+        for name, number in numbers.items():
+            parse_partition_name(name)
+            if not isinstance(number, int) or isinstance(number, bool) or number < 0:
+                raise SourceError(
+                    f"partition plan {path}: {what} of {name} must be a non-negative integer, "
+                    f"got {number!r}"
+                )
+    return Plan(partitions=partitions, version=version, activations=activations)
 
 
 @dataclass(frozen=True)
@@ -247,7 +278,10 @@ class KafkaStreamReader(DataSourceStreamReader):
 
     def initialOffset(self) -> dict[str, Any]:
         plan = self._plan()
-        return {name: {"next": start, "start": start} for name, start in sorted(plan.items())}
+        return {
+            name: {"next": start, "start": start, "activation": plan.activation(name)}
+            for name, start in sorted(plan.partitions.items())
+        }
 
     def latestOffset(self, start: dict[str, Any], limit: "ReadLimit") -> dict[str, Any]:  # noqa: ARG002
         """The end of the next micro-batch: for each planned partition, where it stops.
@@ -256,22 +290,23 @@ class KafkaStreamReader(DataSourceStreamReader):
         bounds every batch (a bounded batch is what keeps a hand-over short).
         """
         plan = self._plan()
-        names = sorted(plan)
+        names = sorted(plan.partitions)
         ends = self._end_offsets(names)
         cap = self.options.max_records_per_partition
         latest: dict[str, Any] = {}
         for name in names:
-            begin = _range_start(name, plan[name], start)
+            seen = {"start": plan.partitions[name], "activation": plan.activation(name)}
+            begin = _range_start(name, seen, start)
             end = max(begin, ends[name])
             if cap is not None:
                 end = min(end, begin + cap)
-            latest[name] = {"next": end, "start": plan[name]}
+            latest[name] = {"next": end, **seen}
         return latest
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[KafkaRange]:
         ranges = []
         for name, position in sorted(end.items()):
-            begin = _range_start(name, position["start"], start)
+            begin = _range_start(name, position, start)
             if position["next"] > begin:
                 topic, partition = parse_partition_name(name)
                 ranges.append(KafkaRange(topic, partition, begin, position["next"]))
@@ -290,7 +325,7 @@ class KafkaStreamReader(DataSourceStreamReader):
             self._consumer.close()
             self._consumer = None
 
-    def _plan(self) -> dict[TopicPartitionName, int]:
+    def _plan(self) -> Plan:
         plan = read_plan(self.options.plan_path)
         unknown = sorted(
             name
@@ -302,7 +337,7 @@ class KafkaStreamReader(DataSourceStreamReader):
                 f"partition plan {self.options.plan_path} names {', '.join(unknown)}, outside "
                 f"the source's topics ({', '.join(self.options.topics)})"
             )
-        return dict(plan.partitions)
+        return plan
 
     def _end_offsets(self, names: Sequence[TopicPartitionName]) -> dict[TopicPartitionName, int]:
         """Each partition's end offset now (the last stable offset, for read_committed)."""
@@ -320,13 +355,20 @@ class KafkaStreamReader(DataSourceStreamReader):
         return ends
 
 
-def _range_start(name: TopicPartitionName, plan_start: int, previous: Mapping[str, Any]) -> int:
-    """Where a partition's next range begins: where the last one ended, unless it is new to the
-    reader or its plan start offset changed (then the plan's start offset)."""
+def _range_start(
+    name: TopicPartitionName, seen: Mapping[str, Any], previous: Mapping[str, Any]
+) -> int:
+    """Where a partition's next range begins, given the plan's start offset and activation
+    (`seen`) and the previous batch's end offsets: where the last range ended, unless the
+    partition is new to the reader or its start or activation changed (then the plan's start)."""
     before = previous.get(name)
-    if isinstance(before, dict) and before.get("start") == plan_start:
+    if (
+        isinstance(before, dict)
+        and before.get("start") == seen["start"]
+        and before.get("activation", 0) == seen.get("activation", 0)
+    ):
         return int(before["next"])
-    return plan_start
+    return int(seen["start"])
 
 
 def read_range(options: SourceOptions, kafka_range: KafkaRange) -> Iterator["pyarrow.RecordBatch"]:

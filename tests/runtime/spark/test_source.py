@@ -112,6 +112,19 @@ def test_a_dropped_partition_taken_again_starts_from_its_new_plan_offset(
     assert positions(stream.drain_rows()) == offsets(0, 7, 10)
 
 
+def test_a_partition_taken_again_at_the_same_start_offset_restarts_when_its_activation_changed(
+    topic: str, stream_factory, tmp_path: Path
+) -> None:
+    # The driver released partition 0 and took it again at the same start offset before the
+    # reader saw a plan without it: only the bumped activation number tells the reader.
+    stream = stream_factory(topic, {(topic, 0): 2})
+    assert positions(stream.drain_rows()) == offsets(0, 2, 10)
+
+    write_plan(tmp_path / "plan.json", {(topic, 0): 2}, version=2, activations={(topic, 0): 1})
+
+    assert positions(stream.drain_rows()) == offsets(0, 2, 10)
+
+
 def test_batches_hold_at_most_max_records_per_partition(topic: str, stream_factory) -> None:
     stream = stream_factory(
         topic, {(topic, 0): 0, (topic, 1): 0}, **{"max.records.per.partition": "4"}
@@ -156,7 +169,7 @@ def test_a_range_ending_in_transaction_markers_is_read_without_waiting(
     ]
     assert max(row["offset"] for row in rows) == 16
     assert stream.query.lastProgress["sources"][0]["endOffset"] == (
-        f'{{"{topic}:0": {{"next": 18, "start": 0}}}}'
+        f'{{"{topic}:0": {{"next": 18, "start": 0, "activation": 0}}}}'
     )
     assert elapsed < 25, f"the batch waited {elapsed:.1f} s for a marker that is never delivered"
 
