@@ -21,8 +21,9 @@ def _registrars() -> list[Registrar]:
     # One line per area; keep the imports here so a broken area names itself in the traceback.
     from smoothscale.api.cli import register as register_api
     from smoothscale.devcluster.cli import register as register_dev
+    from smoothscale.planner.cli import register as register_plan
 
-    return [register_api, register_dev]
+    return [register_api, register_dev, register_plan]
 
 
 def build_parser() -> argparse.ArgumentParser:

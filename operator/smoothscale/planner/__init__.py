@@ -1,0 +1,23 @@
+"""The planner: a pure, deterministic assignor of tasks to instances (see docs/planner.md)."""
+
+from smoothscale.planner.assignor import plan
+from smoothscale.planner.model import (
+    ClusterState,
+    Instance,
+    InstanceId,
+    Move,
+    MoveKind,
+    Plan,
+    PlannerConfig,
+)
+
+__all__ = [
+    "ClusterState",
+    "Instance",
+    "InstanceId",
+    "Move",
+    "MoveKind",
+    "Plan",
+    "PlannerConfig",
+    "plan",
+]
