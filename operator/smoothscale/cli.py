@@ -22,8 +22,9 @@ def _registrars() -> list[Registrar]:
     from smoothscale.api.cli import register as register_api
     from smoothscale.devcluster.cli import register as register_dev
     from smoothscale.planner.cli import register as register_plan
+    from smoothscale.runtime.cli import register as register_worker
 
-    return [register_api, register_dev, register_plan]
+    return [register_api, register_dev, register_plan, register_worker]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -149,17 +149,13 @@ class AssignmentFollower:
     def poll(self, timeout: float = 0.0) -> Assignment | None:
         """The newest assignment for this instance that arrived since the last call, if any.
 
-        Waits up to `timeout` seconds for the first record, then takes whatever else is ready.
+        Waits up to `timeout` seconds for a first record, then reads to the end of the topic.
         """
+        # consume() waits for its whole batch: wait for one record, then read to the end.
+        messages = self._consumer.consume(num_messages=1, timeout=timeout)
         newest: Assignment | None = None
-        deadline = time.monotonic() + timeout
-        while True:
-            # consume() waits for its whole batch: wait for one record, then take what is ready.
-            wait = max(0.0, deadline - time.monotonic()) if newest is None else 0.0
-            messages = self._consumer.consume(num_messages=1, timeout=wait)
-            if not messages:
-                return newest
-            messages += self._consumer.consume(num_messages=500, timeout=0)
+        partition = TopicPartition(self.topic, 0)
+        while messages:
             for message in messages:
                 if message.error() is not None or message.key() != self._key:
                     continue
@@ -170,6 +166,11 @@ class AssignmentFollower:
                 if assignment.generation > self.generation:
                     self.generation = assignment.generation
                     newest = assignment
+            _low, high = self._consumer.get_watermark_offsets(partition, cached=True)
+            if self._consumer.position([partition])[0].offset >= high:
+                break
+            messages = self._consumer.consume(num_messages=500, timeout=0.1)
+        return newest
 
     def close(self) -> None:
         self._consumer.close()

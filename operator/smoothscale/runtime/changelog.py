@@ -10,15 +10,17 @@ epoch of the instance that wrote it, and `smoothscale.kind`, one of
   changes it accounts for (value: `{"<input topic>": <next offset>, ...}`); it lives in the
   changelog of the pipeline's store.
 
-Restore applies records in offset order and skips any record whose epoch is below the highest
-epoch seen so far on the partition: once a new owner's marker is in the changelog, whatever an
-older owner still writes (a zombie the broker did not fence) is ignored. Records written by
-something else (no epoch header) count as epoch 0 data, so an existing changelog can be adopted.
+Each micro-batch of a task writes its data records, then its input-position record, which
+closes the batch. Restore applies records in offset order, a closed batch at a time, and skips
+any record whose epoch is below the highest epoch seen so far on the partition: once a new
+owner's marker is in the changelog, whatever an older owner still writes (a zombie the broker
+did not fence) is ignored, and a batch its writer never closed is dropped (see `fold`).
+Changelogs are written only by smoothscale: a record without its headers is an error.
 """
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -87,9 +89,14 @@ def parse_record(
         for name, raw in pairs
         if raw is not None
     }
+    if EPOCH_HEADER not in fields or KIND_HEADER not in fields:
+        raise ChangelogFormatError(
+            f"a record without the {EPOCH_HEADER} and {KIND_HEADER} headers: the changelog "
+            "must be written by smoothscale only (is another app using the same topic?)"
+        )
     try:
-        epoch = int(fields.get(EPOCH_HEADER, b"0"))
-        kind = RecordKind(fields.get(KIND_HEADER, b"data").decode())
+        epoch = int(fields[EPOCH_HEADER])
+        kind = RecordKind(fields[KIND_HEADER].decode())
     except ValueError as error:
         raise ChangelogFormatError(f"bad smoothscale headers {fields!r}: {error}") from error
     if key is None:
@@ -97,9 +104,15 @@ def parse_record(
     return ChangelogRecord(kind, epoch, key, value)
 
 
+Positioned = tuple[int, ChangelogRecord]
+"""A changelog record with its offset."""
+
+
 @dataclass
 class RestoreOutcome:
     changes: StateChanges
+    pending: list[Positioned] = field(default_factory=list)
+    """The records of a batch not closed yet (no input-position record seen), in order."""
     applied: int = 0
     skipped: int = 0
     """Records ignored because an owner with a higher epoch had already written."""
@@ -107,32 +120,49 @@ class RestoreOutcome:
 
 def fold(
     store: str,
-    records: Iterable[ChangelogRecord],
+    records: Iterable[Positioned],
     highest_epoch: int,
     next_position: int,
+    pending: Iterable[Positioned] = (),
 ) -> RestoreOutcome:
     """The state changes a run of `store`'s changelog records makes, in offset order.
 
-    `highest_epoch` is the highest epoch seen before the run; `next_position` the changelog
-    offset after it. The outcome's changes include the new position and highest epoch.
+    A batch takes effect only as a whole: its data records are held until the input-position
+    record that closes it. An unclosed batch is dropped when a record of a higher epoch (a
+    new owner's marker) follows it: its writer died before committing, and a broker that shows
+    uncommitted records to read_committed readers (the librdkafka mock does) cannot make it
+    count. Records below the highest epoch seen are skipped.
+
+    `highest_epoch` is the highest epoch seen before the run, `next_position` the changelog
+    offset after it, `pending` the unclosed records carried over from the previous run. The
+    outcome's changes include the highest epoch and the position to resume from: the offset
+    of the first still-unclosed record, or `next_position`.
     """
-    outcome = RestoreOutcome(StateChanges())
+    outcome = RestoreOutcome(StateChanges(), pending=list(pending))
     changes = outcome.changes
-    for record in records:
+    for offset, record in records:
         if record.epoch < highest_epoch:
             outcome.skipped += 1
             continue
-        highest_epoch = record.epoch
+        if record.epoch > highest_epoch:
+            outcome.pending.clear()
+            highest_epoch = record.epoch
         outcome.applied += 1
         if record.kind is RecordKind.DATA:
-            if record.value is None:
-                changes.delete(store, record.key)
-            else:
-                changes.put(store, record.key, record.value)
-        elif record.kind is RecordKind.INPUT_POSITION and record.value is not None:
-            changes.input_positions.update(
-                {topic: int(offset) for topic, offset in json.loads(record.value).items()}
-            )
-    changes.positions[store] = next_position
+            outcome.pending.append((offset, record))
+        elif record.kind is RecordKind.EPOCH:
+            outcome.pending.clear()
+        else:
+            for _offset, held in outcome.pending:
+                if held.value is None:
+                    changes.delete(store, held.key)
+                else:
+                    changes.put(store, held.key, held.value)
+            outcome.pending.clear()
+            if record.value is not None:
+                changes.input_positions.update(
+                    {topic: int(position) for topic, position in json.loads(record.value).items()}
+                )
+    changes.positions[store] = outcome.pending[0][0] if outcome.pending else next_position
     changes.epochs[store] = highest_epoch
     return outcome

@@ -14,12 +14,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from smoothscale.kafka import names
-from smoothscale.runtime.changelog import ChangelogFormatError, fold, parse_record
+from smoothscale.runtime.changelog import ChangelogFormatError, Positioned, fold, parse_record
 from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.store import TaskState
 from smoothscale.tasks import TaskId
@@ -46,24 +45,36 @@ def restore_consumer(config: WorkerConfig) -> Consumer:
     )
 
 
-@dataclass(frozen=True)
-class _Partition:
-    task: TaskId
-    store: str
-
-
 class _Applier:
-    """Applies consumed changelog messages to the task states they belong to."""
+    """Applies consumed changelog messages to the task states they belong to.
+
+    Keeps, per (task, store), the records of a batch not closed yet and how far the consumer
+    has read (which runs ahead of the stored position while a batch is open).
+    """
 
     def __init__(self, changelog_topics: Mapping[str, str]) -> None:
         self._store_of = {topic: store for store, topic in changelog_topics.items()}
         self._topic_of = dict(changelog_topics)
+        self._pending: dict[tuple[TaskId, str], list[Positioned]] = {}
+        self._read_to: dict[tuple[TaskId, str], int] = {}
 
     def partitions(self, state: TaskState) -> list[TopicPartition]:
         return [
             TopicPartition(self._topic_of[store], state.task, state.position(store))
             for store in state.stores
         ]
+
+    def forget(self, task: TaskId) -> None:
+        for key in [key for key in self._read_to if key[0] == task]:
+            del self._read_to[key]
+            self._pending.pop(key, None)
+
+    def read_to(self, state: TaskState) -> dict[str, int]:
+        """Per store, the changelog offset the consumer has read up to for this task."""
+        return {
+            store: max(state.position(store), self._read_to.get((state.task, store), 0))
+            for store in state.stores
+        }
 
     def apply(
         self, consumer: Consumer, messages: list[Message], states: Mapping[TaskId, TaskState]
@@ -82,31 +93,40 @@ class _Applier:
             runs.setdefault((topic, partition), []).append(message)
         counts: dict[TaskId, int] = {}
         for (topic, partition), run in runs.items():
-            state = states[partition]
-            store = self._store_of[topic]
-            position = consumer.position([TopicPartition(topic, partition)])[0].offset
-            last = run[-1].offset() or 0
-            next_position = max(position, last + 1)
-            try:
-                records = [parse_record(m.key(), m.value(), m.headers()) for m in run]
-            except ChangelogFormatError as error:
-                raise ChangelogFormatError(
-                    f"{topic}[{partition}] near offset {run[0].offset()}: {error}"
-                ) from error
-            outcome = fold(store, records, state.epoch(store), next_position)
-            state.apply(outcome.changes)
-            counts[partition] = counts.get(partition, 0) + outcome.applied + outcome.skipped
+            records: list[Positioned] = []
+            for message in run:
+                offset = message.offset() or 0
+                try:
+                    record = parse_record(message.key(), message.value(), message.headers())
+                except ChangelogFormatError as error:
+                    raise ChangelogFormatError(
+                        f"{topic}[{partition}] at offset {offset}: {error}"
+                    ) from error
+                records.append((offset, record))
+            self._fold(consumer, states[partition], self._store_of[topic], records)
+            counts[partition] = counts.get(partition, 0) + len(records)
         return counts
 
     def advance_idle(self, consumer: Consumer, states: Mapping[TaskId, TaskState]) -> None:
-        """Move restore positions past trailing commit markers that deliver no message."""
+        """Move positions past trailing commit markers that deliver no message."""
         for state in states.values():
             for store in state.stores:
-                topic = self._topic_of[store]
-                position = consumer.position([TopicPartition(topic, state.task)])[0].offset
-                if position > state.position(store):
-                    outcome = fold(store, [], state.epoch(store), position)
-                    state.apply(outcome.changes)
+                self._fold(consumer, state, store, [])
+
+    def _fold(
+        self, consumer: Consumer, state: TaskState, store: str, records: list[Positioned]
+    ) -> None:
+        key = (state.task, store)
+        topic = self._topic_of[store]
+        position = consumer.position([TopicPartition(topic, state.task)])[0].offset
+        if records:
+            position = max(position, records[-1][0] + 1)
+        if not records and position <= self._read_to.get(key, state.position(store)):
+            return
+        outcome = fold(store, records, state.epoch(store), position, self._pending.get(key, []))
+        state.apply(outcome.changes)
+        self._pending[key] = outcome.pending
+        self._read_to[key] = position
 
 
 def end_offsets(
@@ -130,10 +150,12 @@ def catch_up(
     timeout: float,
     on_restored: RestoredCallback | None = None,
 ) -> dict[str, int]:
-    """Restore `state` until every store's position reaches its target offset.
+    """Restore `state` until the changelog has been read up to every store's target offset.
 
-    With no targets (no previous owner acknowledged a release: first start or failover), the
-    targets are the changelog ends as of now. Returns the positions reached.
+    (The stored position can stay behind a target while a batch there is not closed: an
+    activating owner's epoch marker then drops that batch.) With no targets (no previous
+    owner acknowledged a release: first start or failover), the targets are the changelog
+    ends as of now. Returns the stored positions reached.
     """
     changelog_topics = config.changelog_topics()
     applier = _Applier(changelog_topics)
@@ -141,12 +163,16 @@ def catch_up(
     try:
         if targets is None:
             targets = end_offsets(consumer, changelog_topics, state.task, timeout)
-        pending = {s: o for s, o in targets.items() if state.position(s) < o}
-        if not pending:
+
+        def behind() -> bool:
+            read_to = applier.read_to(state)
+            return any(read_to[store] < offset for store, offset in targets.items())
+
+        if not behind():
             return state.positions()
         consumer.assign(applier.partitions(state))
         deadline = time.monotonic() + timeout
-        while any(state.position(store) < offset for store, offset in targets.items()):
+        while behind():
             if time.monotonic() > deadline:
                 raise RestoreTimeoutError(
                     f"task {state.task}: restored to {state.positions()} but needs "
@@ -191,6 +217,7 @@ class RestoreLoop:
         """Stop restoring `task` and hand its state back (None if it was not followed)."""
         with self._lock:
             state = self._states.pop(task, None)
+            self._applier.forget(task)
             if state is not None:
                 self._consumer.incremental_unassign(
                     [TopicPartition(p.topic, p.partition) for p in self._applier.partitions(state)]
@@ -205,6 +232,27 @@ class RestoreLoop:
         """Per followed task, the restore position of each store."""
         with self._lock:
             return {task: state.positions() for task, state in self._states.items()}
+
+    def read_positions(self) -> dict[TaskId, dict[str, int]]:
+        """Per followed task, how far the changelog has been read, per store (ahead of the
+        restore position while the last batch read is not closed)."""
+        with self._lock:
+            return {task: self._applier.read_to(state) for task, state in self._states.items()}
+
+    def lags(self) -> dict[TaskId, int]:
+        """Per followed task, changelog records not yet applied (summed over stores), as of the
+        end offsets the last fetch responses carried (no extra request)."""
+        with self._lock:
+            lags: dict[TaskId, int] = {}
+            for task, state in self._states.items():
+                lag = 0
+                for partition in self._applier.partitions(state):
+                    _low, high = self._consumer.get_watermark_offsets(
+                        TopicPartition(partition.topic, partition.partition), cached=True
+                    )
+                    lag += max(0, high - partition.offset) if high >= 0 else 0
+                lags[task] = lag
+            return lags
 
     def _run(self) -> None:
         try:

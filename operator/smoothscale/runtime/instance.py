@@ -1,0 +1,454 @@
+"""The instance state machine: which tasks this instance holds, in which role, and hand-overs.
+
+The instance follows its assignment (smoothscale.kafka.assignments) and applies each new one
+at a micro-batch boundary: the worker's main thread calls `tick`, and a micro-batch runs
+`commit_batch`; both hold `lock`, so an assignment is never applied in the middle of a batch.
+
+Per task, the instance is in one of these states:
+- following (warm-up or standby): the restore loop keeps the task's local state up to date;
+- activating (assigned active, not yet processing): still following, until the state reaches
+  the assignment's restoreUntil (or, with none, the changelog end seen when it was assigned);
+  then the instance writes an epoch marker in a transaction of the task's producer, restores
+  through the marker, and the task becomes active;
+- active: its input partitions are in the source's plan, each batch commits one transaction;
+- released: an active task missing from a newer assignment; after the batch in flight has
+  committed, the instance closes the task's producer and reports `released` with its final
+  changelog offsets (kept reported until the next assignment).
+See docs/runtime.md for the full protocol and the exactly-once argument.
+"""
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Producer, TopicPartition
+
+from smoothscale.kafka.assignments import Assignment, AssignmentFollower, describe
+from smoothscale.kafka.progress import (
+    InputPositionCommitter,
+    ProgressCommitter,
+    ReportedRole,
+    TaskReport,
+)
+from smoothscale.runtime.changelog import data_record, epoch_marker, input_position_record
+from smoothscale.runtime.config import WorkerConfig
+from smoothscale.runtime.metrics import InstanceMetrics
+from smoothscale.runtime.pipeline import Pipeline
+from smoothscale.runtime.restore import (
+    RestoreLoop,
+    catch_up,
+    end_offsets,
+    restore_consumer,
+)
+from smoothscale.runtime.source import write_plan
+from smoothscale.runtime.store import StateChanges, TaskState
+from smoothscale.runtime.transactions import OutputRecord, TaskProducer
+from smoothscale.tasks import TaskId, TaskRole
+
+log = logging.getLogger(__name__)
+
+DeadLetterSender = Callable[[Producer, list[Any]], int]
+"""Queues a task's bad rows on the task's producer (inside its transaction); returns how many."""
+
+
+class StaleAssignmentError(RuntimeError):
+    """An assignment gives this instance a task at an epoch older than its changelog shows."""
+
+
+@dataclass
+class BatchInput:
+    """One micro-batch, grouped by task (= input partition)."""
+
+    ends: dict[TaskId, dict[str, int]] = field(default_factory=dict)
+    """Per task, per input topic: the offset after the batch's last record."""
+    counts: dict[TaskId, int] = field(default_factory=dict)
+    """Per task: input records in the batch (good and bad)."""
+    updates: dict[TaskId, list[tuple[str, Any]]] = field(default_factory=dict)
+    """Per task: the pipeline's (key, update) pairs."""
+    dead_letters: dict[TaskId, list[Any]] = field(default_factory=dict)
+    """Per task: the bad rows to send to the dead-letter topic."""
+
+
+@dataclass
+class _Active:
+    epoch: int
+    state: TaskState
+    producer: TaskProducer
+
+
+@dataclass
+class _Activation:
+    epoch: int
+    targets: dict[str, int] | None
+
+
+class Instance:
+    """One instance's tasks, their roles, and the hand-over protocol's instance side."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        pipeline: Pipeline,
+        metrics: InstanceMetrics,
+        plan_path: Path,
+        send_dead_letters: DeadLetterSender | None = None,
+    ) -> None:
+        if pipeline.store not in config.stores:
+            raise ValueError(
+                f"the pipeline updates store {pipeline.store!r}, which the worker config does "
+                f"not declare (stores: {', '.join(config.stores)}); add it to kafka stores"
+            )
+        self.config = config
+        self.pipeline = pipeline
+        self.metrics = metrics
+        self.plan_path = plan_path
+        self._send_dead_letters = send_dead_letters
+        self.lock = threading.RLock()
+        self.stopping = False
+        self._closed = False
+        self.assignment = Assignment(generation=0)
+        """The assignment applied last (an empty one until the first arrives)."""
+        self._applied_generation = -1
+        self._pending: Assignment | None = None
+        self._active: dict[TaskId, _Active] = {}
+        self._activating: dict[TaskId, _Activation] = {}
+        self._released: dict[TaskId, TaskReport] = {}
+        self._plan_starts: dict[tuple[str, int], int] = {}
+        self._plan_version = 0
+        self._last_report = 0.0
+        self._restored_since: dict[TaskId, int] = {}
+        self._restored_lock = threading.Lock()
+        client = config.kafka_config
+        self._follower = AssignmentFollower(
+            config.bootstrap_servers, config.app_id, config.instance_id, client
+        )
+        self._reports = ProgressCommitter(
+            config.bootstrap_servers,
+            config.app_id,
+            config.instance_id,
+            config.changelog_topics(),
+            client,
+        )
+        self._inputs = InputPositionCommitter(config.bootstrap_servers, config.app_id, client)
+        self._offsets = restore_consumer(config)
+        self._restore = RestoreLoop(config, self._count_restored)
+
+    # Lifecycle -------------------------------------------------------------------------
+
+    def start(self, first_assignment_timeout: float = 5.0) -> None:
+        """Start the restore loop, write the (empty) plan, and take the first assignment."""
+        self._write_plan()
+        self._restore.start()
+        first = self._follower.poll(timeout=first_assignment_timeout)
+        if first is not None:
+            self._pending = first
+        self.tick()
+
+    def tick(self) -> None:
+        """Called between micro-batches: apply a new assignment, activate caught-up tasks,
+        report progress. Never runs during a batch."""
+        if self._restore.error is not None:
+            raise RuntimeError("the restore loop failed") from self._restore.error
+        newest = self._follower.poll(timeout=0)
+        with self.lock:
+            if self.stopping:
+                return
+            if newest is not None:
+                self._pending = newest
+            if self._pending is not None:
+                assignment, self._pending = self._pending, None
+                self._apply(assignment)
+            self._activate_caught_up()
+            if time.monotonic() - self._last_report >= self.config.report_interval:
+                self._report()
+
+    def shutdown(self, timeout: float) -> bool:
+        """Release every task and close everything. Waits up to `timeout` for a batch in
+        flight to finish; returns False if it did not (the tasks are then not released)."""
+        if self._closed:
+            return True
+        acquired = self.lock.acquire(timeout=timeout)
+        self._closed = True
+        try:
+            self.stopping = True
+            if acquired:
+                for task in sorted(self._active):
+                    self._release(task)
+                self._report()
+            self._restore.stop()
+            for task in list(self._active):
+                active = self._active.pop(task)
+                active.producer.close()
+                active.state.close()
+        finally:
+            if acquired:
+                self.lock.release()
+            self._follower.close()
+            self._reports.close()
+            self._inputs.close()
+            self._offsets.close()
+        return acquired
+
+    # Queries -----------------------------------------------------------------------------
+
+    def active_tasks(self) -> dict[TaskId, int]:
+        """Active task -> its ownership epoch."""
+        with self.lock:
+            return {task: active.epoch for task, active in self._active.items()}
+
+    def read_from(self) -> dict[tuple[str, int], int]:
+        """Per (input topic, partition) of the active tasks, the first offset still to process:
+        rows below it are already in the task's state and must not be applied again."""
+        with self.lock:
+            return {
+                (topic, task): self._input_position(active.state, topic)
+                for task, active in self._active.items()
+                for topic in self.config.input_topics
+            }
+
+    def state_snapshot(self, task: TaskId) -> dict[str, Any]:
+        """The pipeline store's content of an active task (for tools and tests)."""
+        with self.lock:
+            return self._active[task].state.snapshot(self.pipeline.store)
+
+    # Micro-batches -----------------------------------------------------------------------
+
+    def commit_batch(self, batch: BatchInput) -> None:
+        """Apply one micro-batch: per active task, one transaction, then the local store."""
+        with self.lock:
+            if self.stopping:
+                return
+            committed: dict[tuple[str, int], int] = {}
+            for task in sorted(set(batch.ends) & set(self._active)):
+                self._commit_task(task, batch)
+                for topic, offset in batch.ends[task].items():
+                    committed[(topic, task)] = offset
+            if committed:
+                self._report(with_input_lag=False)
+                self._inputs.commit(committed)
+
+    def _commit_task(self, task: TaskId, batch: BatchInput) -> None:
+        active = self._active[task]
+        store = self.pipeline.store
+        updates = batch.updates.get(task, [])
+        current: dict[str, Any] = {}
+        keys = list(dict.fromkeys(key for key, _ in updates))
+        olds = active.state.get_many(store, [key.encode() for key in keys])
+        for key, raw in zip(keys, olds, strict=True):
+            current[key] = None if raw is None else json.loads(raw)
+        outputs: list[OutputRecord] = []
+        changed: dict[str, Any] = {}
+        for key, update in updates:
+            new_state, emitted = self.pipeline.apply(key, current[key], update)
+            current[key] = new_state
+            changed[key] = new_state
+            outputs.extend(emitted)
+        positions = {**active.state.input_positions(), **batch.ends[task]}
+        records = [data_record(key, value, active.epoch) for key, value in changed.items()]
+        records.append(input_position_record(positions, active.epoch))
+        bad = batch.dead_letters.get(task, [])
+        sender = self._send_dead_letters
+
+        def queue_dead_letters(producer: Producer) -> None:
+            if bad and sender is not None:
+                sender(producer, bad)
+
+        delivered = active.producer.commit({store: records}, outputs, queue_dead_letters)
+        changes = StateChanges(positions=delivered, input_positions=dict(batch.ends[task]))
+        for record in records[:-1]:
+            if record.value is None:
+                changes.delete(store, record.key)
+            else:
+                changes.put(store, record.key, record.value)
+        active.state.apply(changes)
+        self.metrics.count_processed(task, batch.counts.get(task, 0))
+
+    # Assignments ---------------------------------------------------------------------------
+
+    def _apply(self, assignment: Assignment) -> None:
+        if assignment.generation <= self._applied_generation:
+            return
+        self._applied_generation = assignment.generation
+        log.info("assignment generation %d: %s", assignment.generation, describe(assignment))
+        wanted = assignment.tasks
+        self.assignment = assignment
+        self._released = {}
+        for task in sorted(self._active):
+            held = wanted.get(task)
+            if held is not None and held.role is TaskRole.ACTIVE:
+                if held.epoch != self._active[task].epoch:
+                    self._change_epoch(task, held.epoch)
+                continue
+            state = self._release(task)
+            if held is not None:
+                self._restore.follow(state)
+            else:
+                state.close()
+        for task in sorted(set(self._activating) - set(wanted)):
+            del self._activating[task]
+        for task in sorted(self._restore.tasks() - set(wanted)):
+            dropped = self._restore.unfollow(task)
+            if dropped is not None:
+                dropped.close()
+            self.metrics.forget_task(task)
+        followed = self._restore.tasks()
+        for task, held in sorted(wanted.items()):
+            if task in self._active:
+                continue
+            if task not in followed:
+                self._restore.follow(self._open_state(task))
+            if held.role is TaskRole.ACTIVE:
+                activation = self._activating.get(task)
+                if activation is None or activation.epoch != held.epoch:
+                    targets = held.restore_until
+                    if targets is None:
+                        targets = end_offsets(
+                            self._offsets, self.config.changelog_topics(), task, timeout=10
+                        )
+                    self._activating[task] = _Activation(held.epoch, dict(targets))
+            else:
+                self._activating.pop(task, None)
+        self._report()
+
+    def _activate_caught_up(self) -> None:
+        positions = self._restore.read_positions()
+        for task, activation in sorted(self._activating.items()):
+            reached = positions.get(task)
+            targets = activation.targets or {}
+            if reached is None or any(reached.get(s, 0) < o for s, o in targets.items()):
+                continue
+            state = self._restore.unfollow(task)
+            if state is None:
+                continue
+            del self._activating[task]
+            try:
+                self._activate(task, activation.epoch, state)
+            except StaleAssignmentError as error:
+                log.error("%s", error)
+                self._restore.follow(state)
+
+    def _activate(self, task: TaskId, epoch: int, state: TaskState) -> None:
+        seen = max(state.epoch(store) for store in state.stores)
+        if seen > epoch:
+            raise StaleAssignmentError(
+                f"task {task}: assigned active at epoch {epoch}, but its changelog already "
+                f"holds epoch {seen}: ignoring a stale assignment"
+            )
+        producer = TaskProducer(self.config, task, epoch)
+        marker = epoch_marker(epoch, self.config.instance_id)
+        through = producer.commit({store: [marker] for store in state.stores})
+        # Whatever an older owner committed before the marker is part of the state (every
+        # later restore applies it too); whatever it commits after the marker is ignored.
+        catch_up(self.config, state, through, self.config.activation_timeout, self._count_restored)
+        self._active[task] = _Active(epoch, state, producer)
+        for topic in self.config.input_topics:
+            self._plan_starts[(topic, task)] = self._start_position(state, topic)
+        self._write_plan()
+        log.info("task %d active at epoch %d from %s", task, epoch, state.input_positions())
+
+    def _change_epoch(self, task: TaskId, epoch: int) -> None:
+        active = self._active[task]
+        active.producer.close()
+        active.producer = TaskProducer(self.config, task, epoch)
+        through = active.producer.commit(
+            {store: [epoch_marker(epoch, self.config.instance_id)] for store in active.state.stores}
+        )
+        active.state.apply(StateChanges(positions=through, epochs=dict.fromkeys(through, epoch)))
+        active.epoch = epoch
+
+    def _release(self, task: TaskId) -> TaskState:
+        active = self._active.pop(task)
+        active.producer.close()
+        for topic in self.config.input_topics:
+            self._plan_starts.pop((topic, task), None)
+        self._write_plan()
+        report = TaskReport(
+            task,
+            ReportedRole.RELEASED,
+            active.epoch,
+            self.assignment.generation,
+            active.state.positions(),
+        )
+        self._released[task] = report
+        self._reports.commit([report])
+        self.metrics.forget_task(task)
+        log.info("task %d released at %s", task, report.positions)
+        return active.state
+
+    # Helpers -------------------------------------------------------------------------------
+
+    def _open_state(self, task: TaskId) -> TaskState:
+        return TaskState(self.config.state_dir, task, self.config.stores)
+
+    def _input_position(self, state: TaskState, topic: str) -> int:
+        """The next input offset of an active task: from its state, or where it started."""
+        position = state.input_positions().get(topic)
+        return self._plan_starts[(topic, state.task)] if position is None else position
+
+    def _start_position(self, state: TaskState, topic: str) -> int:
+        """Where a task being activated starts reading `topic`: the input position in its
+        state; with none yet, the app group's committed offset; else the earliest offset."""
+        position = state.input_positions().get(topic)
+        if position is not None:
+            return position
+        committed = self._inputs.committed([topic], state.task).get(topic)
+        if committed is not None:
+            return committed
+        low, _high = self._offsets.get_watermark_offsets(
+            TopicPartition(topic, state.task), timeout=10
+        )
+        return max(0, low)
+
+    def _write_plan(self) -> None:
+        self._plan_version += 1
+        write_plan(self.plan_path, self._plan_starts, self._plan_version)
+
+    def _count_restored(self, task: TaskId, records: int) -> None:
+        self.metrics.count_restored(task, records)
+        with self._restored_lock:
+            self._restored_since[task] = self._restored_since.get(task, 0) + records
+
+    def _report(self, with_input_lag: bool = True) -> None:
+        now = time.monotonic()
+        elapsed = max(1e-3, now - self._last_report)
+        self._last_report = now
+        generation = self.assignment.generation
+        reports: list[TaskReport] = list(self._released.values())
+        for task, active in self._active.items():
+            reports.append(
+                TaskReport(
+                    task, ReportedRole.ACTIVE, active.epoch, generation, active.state.positions()
+                )
+            )
+        wanted = self.assignment.tasks
+        lags = self._restore.lags()
+        with self._restored_lock:
+            restored, self._restored_since = self._restored_since, {}
+        for task, positions in self._restore.positions().items():
+            if task in self._released or task not in wanted:
+                continue
+            held = wanted[task]
+            role = TaskRole.WARMUP if held.role is TaskRole.ACTIVE else held.role
+            reports.append(
+                TaskReport(task, ReportedRole(role.value), held.epoch, generation, positions)
+            )
+            self.metrics.set_lag(task, role, lags.get(task, 0))
+            self.metrics.set_restore_rate(task, restored.get(task, 0) / elapsed)
+        self._reports.commit(reports)
+        if with_input_lag:
+            self._set_input_lags(self._active)
+
+    def _set_input_lags(self, active: Mapping[TaskId, _Active]) -> None:
+        for task, held in active.items():
+            lag = 0
+            for topic in self.config.input_topics:
+                _low, high = self._offsets.get_watermark_offsets(
+                    TopicPartition(topic, task), timeout=10
+                )
+                lag += max(0, high - self._input_position(held.state, topic))
+            self.metrics.set_lag(task, TaskRole.ACTIVE, lag)

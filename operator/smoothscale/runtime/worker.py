@@ -1,0 +1,210 @@
+"""`smoothscale worker`: the pod's process, one instance of a StreamingApp.
+
+    config -> metrics server -> instance (assignments, restore loop) -> Spark session
+           -> streaming query: smoothscale-kafka source -> foreachBatch(MicroBatch) -> instance
+           -> main thread: instance.tick() between batches, until SIGTERM
+
+The query reads exactly the active tasks' input partitions (the instance rewrites the source's
+plan file whenever its active set changes). Each micro-batch, `MicroBatch` keeps only rows at or
+after each task's input position, decodes them (bad rows become dead letters), runs the
+pipeline's aggregation in Spark, collects the per-key updates to the driver and hands them to
+the instance, which commits one transaction per task. The Spark checkpoint is not a source of
+truth (input positions live in each task's state), so every run gets a fresh one.
+"""
+
+import logging
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from smoothscale.runtime.config import WorkerConfig
+from smoothscale.runtime.instance import BatchInput, Instance
+from smoothscale.runtime.metrics import InstanceMetrics, start_http_server
+from smoothscale.runtime.pipeline import Pipeline, load_pipeline
+
+if TYPE_CHECKING:
+    from confluent_kafka import Producer
+    from pyspark.sql import Column, DataFrame, Row
+
+log = logging.getLogger(__name__)
+
+TICK_SECONDS = 0.1
+"""How often the main thread looks for a new assignment between batches."""
+
+
+class MicroBatch:
+    """The foreachBatch function: one micro-batch from Spark rows to the instance's commit."""
+
+    def __init__(self, instance: Instance, pipeline: Pipeline, metrics: InstanceMetrics):
+        self.instance = instance
+        self.pipeline = pipeline
+        self.metrics = metrics
+
+    def __call__(self, batch: "DataFrame", batch_id: int) -> None:
+        # The instance lock makes the whole batch a unit: an assignment is applied before or
+        # after it, never in the middle.
+        with self.instance.lock:
+            if self.instance.stopping:
+                return
+            started = time.monotonic()
+            read_from = self.instance.read_from()
+            if not read_from:
+                return
+            collected = self._collect(batch.where(_at_or_after(read_from)))
+            if collected is None:
+                return
+            self.instance.commit_batch(collected)
+            self.metrics.observe_batch(time.monotonic() - started)
+            log.debug("batch %d: %s records", batch_id, sum(collected.counts.values()))
+
+    def _collect(self, rows: "DataFrame") -> BatchInput | None:
+        from pyspark.sql import functions as F
+
+        from smoothscale.runtime.decode import decode
+
+        rows = rows.persist()
+        try:
+            ranges = (
+                rows.groupBy("topic", "partition")
+                .agg(F.max("offset").alias("last"), F.count("*").alias("records"))
+                .collect()
+            )
+            if not ranges:
+                return None
+            good, bad = decode(rows, self.pipeline)
+            bad_rows = bad.collect()
+            updates = self.pipeline.aggregate(good).select("partition", "key", "update").collect()
+        finally:
+            rows.unpersist()
+        collected = BatchInput()
+        for row in ranges:
+            task = int(row["partition"])
+            collected.ends.setdefault(task, {})[row["topic"]] = int(row["last"]) + 1
+            collected.counts[task] = collected.counts.get(task, 0) + int(row["records"])
+        for row in updates:
+            collected.updates.setdefault(int(row["partition"]), []).append(
+                (str(row["key"]), _plain(row["update"]))
+            )
+        for row in bad_rows:
+            collected.dead_letters.setdefault(int(row["partition"]), []).append(row)
+        self.metrics.count_dead_letters(str(row["reason"]) for row in bad_rows)
+        return collected
+
+
+def _at_or_after(read_from: Mapping[tuple[str, int], int]) -> "Column":
+    """Rows of the active tasks' partitions at or after each one's input position."""
+    from pyspark.sql import functions as F
+
+    condition = F.lit(False)
+    for (topic, partition), offset in sorted(read_from.items()):
+        condition = condition | (
+            (F.col("topic") == topic)
+            & (F.col("partition") == partition)
+            & (F.col("offset") >= offset)
+        )
+    return condition
+
+
+def _plain(value: Any) -> Any:
+    """A collected Spark value as plain Python (a struct Row becomes a dict)."""
+    from pyspark.sql import Row
+
+    if isinstance(value, Row):
+        return value.asDict(recursive=True)
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value
+
+
+def _dead_letter_sender(topic: str) -> "Any":
+    def send(producer: "Producer", rows: "list[Row]") -> int:
+        from smoothscale.runtime.decode import send_dead_letters
+
+        return send_dead_letters(rows, producer, topic)
+
+    return send
+
+
+def run_worker(config: WorkerConfig) -> int:
+    """Run the instance until SIGTERM (or SIGINT); returns the process exit code."""
+    from smoothscale.runtime.spark import local_session
+
+    pipeline = load_pipeline(config.pipeline)
+    metrics = InstanceMetrics()
+    server = start_http_server(config.metrics_port, metrics)
+    log.info(
+        "instance %s of %s: metrics on port %d", config.instance_id, config.app_id, server.port
+    )
+    config.state_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint = tempfile.mkdtemp(prefix="smoothscale-checkpoint-")
+    instance = Instance(
+        config,
+        pipeline,
+        metrics,
+        config.state_dir / "plan.json",
+        _dead_letter_sender(config.dead_letters()),
+    )
+    stop = threading.Event()
+    query = None
+    spark = None
+    try:
+        instance.start()
+        spark = local_session(f"smoothscale-{config.app_id}-{config.instance_id}")
+        _on_signals(stop)
+        reader = (
+            spark.readStream.format("smoothscale-kafka")
+            .option("bootstrap.servers", config.bootstrap_servers)
+            .option("topics", ",".join(config.input_topics))
+            .option("plan.path", str(instance.plan_path))
+            .option("max.records.per.partition", str(config.max_records_per_partition))
+        )
+        for name, value in config.kafka_config.items():
+            reader = reader.option(f"kafka.{name}", value)
+        query = (
+            reader.load()
+            .writeStream.foreachBatch(MicroBatch(instance, pipeline, metrics))
+            .trigger(processingTime=f"{config.trigger_interval} seconds")
+            .option("checkpointLocation", checkpoint)
+            .start()
+        )
+        metrics.set_ready(True)
+        log.info("instance %s ready", config.instance_id)
+        while not stop.is_set():
+            if not query.isActive:
+                raise RuntimeError(f"the streaming query stopped: {query.exception()}")
+            instance.tick()
+            stop.wait(TICK_SECONDS)
+        log.info("instance %s stopping", config.instance_id)
+    finally:
+        metrics.set_ready(False)
+        released = instance.shutdown(config.shutdown_timeout)
+        if not released:
+            log.error(
+                "a micro-batch did not finish within %s s: exiting without releasing tasks",
+                config.shutdown_timeout,
+            )
+        if query is not None:
+            query.stop()
+        if spark is not None:
+            spark.stop()
+        server.stop()
+        shutil.rmtree(checkpoint, ignore_errors=True)
+    log.info("instance %s stopped", config.instance_id)
+    return 0
+
+
+def _on_signals(stop: threading.Event) -> None:
+    """SIGTERM (Kubernetes) and SIGINT stop the worker gracefully. Installed after the Spark
+    session starts, as PySpark installs its own SIGINT handler."""
+
+    def handle(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)

@@ -1,0 +1,134 @@
+"""A stand-in for the Spark half of the worker, and the operator's half of the protocol, so the
+instance state machine can be tested in-process against the embedded Kafka."""
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from examples.pipelines.running_count import pipeline as running_count
+
+from smoothscale.kafka import names
+from smoothscale.kafka.embedded import EmbeddedKafka
+from smoothscale.runtime.config import WorkerConfig
+from smoothscale.runtime.instance import BatchInput, Instance
+from smoothscale.runtime.metrics import InstanceMetrics
+from tests.runtime.kafka_helpers import read_committed, unique
+
+PARTITIONS = 2
+STORE = "counts"
+
+
+def app_config(kafka: EmbeddedKafka, state_root: Path) -> WorkerConfig:
+    """A fresh app (its own topics) with an instance template; override instance_id/state_dir."""
+    app = unique("app")
+    config = WorkerConfig(
+        app_id=app,
+        instance_id="template",
+        bootstrap_servers=kafka.bootstrap_servers,
+        input_topics=[unique("users")],
+        output_topic=unique("totals"),
+        stores={STORE: None},
+        pipeline="examples.pipelines.running_count:pipeline",
+        state_dir=state_root,
+        trigger_interval=0.5,
+        report_interval=0.2,
+        metrics_port=0,
+        max_records_per_partition=50,
+    )
+    for topic in (*config.input_topics, config.output_topic, *config.changelog_topics().values()):
+        kafka.create_topic(topic, PARTITIONS)
+    kafka.create_topic(names.assignments_topic(app), 1)
+    kafka.create_topic(config.dead_letters(), PARTITIONS)
+    return config
+
+
+def for_instance(config: WorkerConfig, instance_id: str) -> WorkerConfig:
+    return config.model_copy(
+        update={"instance_id": instance_id, "state_dir": config.state_dir / instance_id}
+    )
+
+
+def produce_users(config: WorkerConfig, users: list[str]) -> None:
+    """One record per name, keyed by the name, to the input topic."""
+    producer = Producer({"bootstrap.servers": config.bootstrap_servers})
+    for user in users:
+        partition = user_partition(user)
+        producer.produce(
+            config.input_topics[0],
+            key=user.encode(),
+            value=json.dumps({"user": user}).encode(),
+            partition=partition,
+        )
+    producer.flush(10)
+
+
+def user_partition(user: str) -> int:
+    return sum(user.encode()) % PARTITIONS
+
+
+def users_batch(n: int, start: int = 0) -> list[str]:
+    return [f"user-{(start + i) % 7}" for i in range(n)]
+
+
+@contextmanager
+def running(config: WorkerConfig) -> Iterator[Instance]:
+    instance = Instance(config, running_count(), InstanceMetrics(), config.state_dir / "plan.json")
+    config.state_dir.mkdir(parents=True, exist_ok=True)
+    instance.start(first_assignment_timeout=0.5)
+    try:
+        yield instance
+    finally:
+        instance.shutdown(timeout=10)
+
+
+def feed(instance: Instance, limit: int = 50) -> int:
+    """Run one micro-batch the way the worker does, without Spark: read the active tasks' input
+    from their positions, count per user and partition, and commit. Returns records read."""
+    instance.tick()
+    config = instance.config
+    starts = instance.read_from()
+    if not starts:
+        return 0
+    consumer = Consumer(
+        {
+            "bootstrap.servers": config.bootstrap_servers,
+            "group.id": unique("feeder"),
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
+    batch = BatchInput()
+    try:
+        for (topic, partition), offset in starts.items():
+            high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[1]
+            end = min(high, offset + limit)
+            if end <= offset:
+                continue
+            consumer.assign([TopicPartition(topic, partition, offset)])
+            counts: Counter[str] = Counter()
+            read = 0
+            while read < end - offset:
+                for message in consumer.consume(end - offset - read, 1.0):
+                    if message.error() is None:
+                        counts[json.loads(message.value() or b"")["user"]] += 1
+                        read += 1
+            batch.ends[partition] = {topic: end}
+            batch.counts[partition] = read
+            batch.updates[partition] = sorted(counts.items())
+    finally:
+        consumer.close()
+    instance.commit_batch(batch)
+    return sum(batch.counts.values())
+
+
+def final_totals(config: WorkerConfig) -> dict[str, list[int]]:
+    """Every total the app emitted per user, in order, as read_committed readers see them."""
+    totals: dict[str, list[int]] = {}
+    for message in read_committed(config.bootstrap_servers, config.output_topic, PARTITIONS):
+        totals.setdefault((message.key() or b"").decode(), []).append(
+            json.loads(message.value() or b"")
+        )
+    return totals
