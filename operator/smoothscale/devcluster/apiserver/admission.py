@@ -151,8 +151,13 @@ def admit_builtin(rt: ResourceType, obj: JsonObject) -> JsonObject:
 
 
 def established_crd_status(crd: JsonObject) -> JsonObject:
-    """The status the apiextensions controller gives a CRD it serves."""
+    """The status the apiextensions controller gives a CRD it serves (conditions that were
+    already true keep their lastTransitionTime)."""
     spec = crd["spec"]
+    since = {
+        condition["type"]: condition.get("lastTransitionTime")
+        for condition in (crd.get("status") or {}).get("conditions", [])
+    }
     return {
         "acceptedNames": spec["names"],
         "storedVersions": [
@@ -164,7 +169,7 @@ def established_crd_status(crd: JsonObject) -> JsonObject:
                 "status": "True",
                 "reason": reason,
                 "message": message,
-                "lastTransitionTime": now(),
+                "lastTransitionTime": since.get(condition) or now(),
             }
             for condition, reason, message in (
                 ("NamesAccepted", "NoConflicts", "no conflicts found"),

@@ -44,6 +44,11 @@ def not_found(resource: str, name: str) -> ApiError:
     return ApiError(404, "NotFound", f'{resource} "{name}" not found', _details(resource, name))
 
 
+def no_such_path() -> ApiError:
+    """A path that names no resource the server serves."""
+    return ApiError(404, "NotFound", "the server could not find the requested resource")
+
+
 def already_exists(resource: str, name: str) -> ApiError:
     return ApiError(
         409, "AlreadyExists", f'{resource} "{name}" already exists', _details(resource, name)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from smoothscale.devcluster.apiserver.errors import ApiError, JsonObject
+from smoothscale.devcluster.apiserver.errors import JsonObject, no_such_path
 
 CRD_GROUP = "apiextensions.k8s.io"
 
@@ -227,9 +228,7 @@ class Registry:
         try:
             return self._types[(group, version, plural)]
         except KeyError:
-            raise ApiError(
-                404, "NotFound", "the server could not find the requested resource"
-            ) from None
+            raise no_such_path() from None
 
     def __iter__(self) -> Iterator[ResourceType]:
         return iter(list(self._types.values()))
@@ -249,15 +248,15 @@ class Registry:
         return [rt for (g, v, _), rt in self._types.items() if (g, v) == (group, version)]
 
 
-def _version_priority(version: str) -> tuple[int, int, int]:
-    """Kubernetes' version order: GA before beta before alpha, higher numbers first."""
-    major, _, rest = version.removeprefix("v").partition("alpha")
-    if rest or version.endswith("alpha"):
-        stage = 2
-    else:
-        major, _, rest = version.removeprefix("v").partition("beta")
-        stage = 1 if rest or version.endswith("beta") else 0
-    try:
-        return (stage, -int(major), -int(rest or 0))
-    except ValueError:
-        return (3, 0, 0)
+_KUBE_VERSION = re.compile(r"^v(\d+)(?:(alpha|beta)(\d+))?$")
+
+
+def _version_priority(version: str) -> tuple[int, int, int, str]:
+    """Kubernetes' version order: GA before beta before alpha, higher numbers first, and
+    anything not shaped like v1beta2 last, alphabetically."""
+    match = _KUBE_VERSION.match(version)
+    if match is None:
+        return (3, 0, 0, version)
+    major, stage, minor = match.groups()
+    stage_rank = {None: 0, "beta": 1, "alpha": 2}[stage]
+    return (stage_rank, -int(major), -int(minor or 0), version)

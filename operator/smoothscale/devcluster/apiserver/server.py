@@ -23,6 +23,7 @@ from smoothscale.devcluster.apiserver.errors import (
     bad_request,
     conflict,
     method_not_allowed,
+    no_such_path,
     not_found,
     unsupported_media_type,
 )
@@ -78,6 +79,13 @@ def _set_path(obj: JsonObject, path: str, value: Any) -> None:
     for part in parents:
         obj = obj.setdefault(part, {})
     obj[last] = value
+
+
+def _number(text: str, name: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise bad_request(f"{name} must be a number, got {text!r}") from None
 
 
 def _is_true(value: str | None) -> bool:
@@ -248,12 +256,7 @@ class ApiServer:
         except ApiError as error:
             return _json(error.status(), status=error.code)
         except web.HTTPNotFound:
-            return _json(
-                ApiError(
-                    404, "NotFound", "the server could not find the requested resource"
-                ).status(),
-                404,
-            )
+            return _json(no_such_path().status(), status=404)
         return response
 
     def _document_handler(
@@ -271,7 +274,7 @@ class ApiServer:
     @staticmethod
     async def _respond(body: JsonObject | None) -> web.Response:
         if body is None:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            raise no_such_path()
         return _json(body)
 
     async def _openapi_document(self, request: web.Request) -> web.Response:
@@ -282,7 +285,7 @@ class ApiServer:
             return await self._respond(
                 discovery.openapi_v3_document(self.registry, parts[1], parts[2])
             )
-        raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        raise no_such_path()
 
     async def _core_root(self, request: web.Request) -> web.Response:
         return await self._respond(
@@ -313,10 +316,10 @@ class ApiServer:
         if parts[0] == "namespaces" and len(parts) >= 3:
             namespace, parts = parts[1], parts[2:]
         if len(parts) > 3:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            raise no_such_path()
         rt = self.registry.get(group, version, parts[0])
         if namespace and not rt.namespaced:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            raise no_such_path()
         subresource = parts[2] if len(parts) == 3 else None
         binding = subresource == "binding" and rt.key == ("", "pods")
         if (
@@ -324,7 +327,7 @@ class ApiServer:
             or (subresource == "scale" and rt.scale is None)
             or (subresource == "status" and not rt.status_subresource)
         ):
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            raise no_such_path()
         return Target(rt, namespace, parts[1] if len(parts) >= 2 else None, subresource)
 
     async def _serve(
@@ -337,7 +340,7 @@ class ApiServer:
                 return await self._watch(request, target)
             if method == "GET":
                 return self._list(request, target)
-            if method == "POST":
+            if method == "POST" and (target.namespace or not target.rt.namespaced):
                 return await self._create(request, target)
             raise method_not_allowed(f"{method} is not supported on a collection here")
         if target.subresource == "scale":
@@ -402,14 +405,18 @@ class ApiServer:
         stream = WatchStream(
             target=target,
             matches=self._filters(request),
-            deadline=time.monotonic() + float(query.get("timeoutSeconds") or DEFAULT_WATCH_TIMEOUT),
+            deadline=time.monotonic()
+            + _number(query.get("timeoutSeconds") or str(DEFAULT_WATCH_TIMEOUT), "timeoutSeconds"),
             bookmarks=_is_true(query.get("allowWatchBookmarks")),
             initial_events=_is_true(query.get("sendInitialEvents")),
             table_objects=query.get("includeObject", "Metadata")
             if "as=Table" in request.headers.get("Accept", "")
             else None,
         )
-        since = None if since_text in ("", "0") or stream.initial_events else int(since_text)
+        if since_text in ("", "0") or stream.initial_events:
+            since = None
+        else:
+            since = int(_number(since_text, "resourceVersion"))
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         response.enable_chunked_encoding()
         await response.prepare(request)

@@ -16,7 +16,6 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from smoothscale.devcluster.apiserver.errors import (
     ApiError,
@@ -297,8 +296,3 @@ class Store:
 
     def unwatch(self, watch: Watch) -> None:
         self._watches.get(watch.key, set()).discard(watch)
-
-
-def object_key(rt: ResourceType, obj: JsonObject) -> ObjectKey:
-    meta: dict[str, Any] = obj.get("metadata", {})
-    return (meta.get("namespace", "") if rt.namespaced else "", meta["name"])
