@@ -1,10 +1,14 @@
 """Fixtures shared by the test suite."""
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from smoothscale.devcluster.stack import LocalStack, StackInfo
 from smoothscale.kafka.embedded import EmbeddedKafka
+
+REPOSITORY = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")
@@ -21,3 +25,14 @@ def kafka_cluster() -> Iterator[EmbeddedKafka]:
     inject request errors."""
     with EmbeddedKafka(brokers=3) as kafka:
         yield kafka
+
+
+@pytest.fixture(scope="session")
+def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
+    """The local control plane, as `smoothscale dev up` runs it: API server (with the CRDs of
+    crds/ installed), process kubelet and a 3-broker embedded Kafka, each in its own process.
+    Yields kubeconfig, api_url and kafka_bootstrap; create uniquely named objects and topics."""
+    state_dir = tmp_path_factory.mktemp("local-cluster")
+    with LocalStack(state_dir, crd_dir=REPOSITORY / "crds") as stack:
+        assert stack.info is not None
+        yield stack.info

@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer
 
-from smoothscale.devcluster.kafka import TopicSpec, parse_topic_spec
+from smoothscale.devcluster.kafka import (
+    KafkaControl,
+    KafkaControlError,
+    TopicSpec,
+    parse_topic_spec,
+)
 
 
 def test_topic_spec_names_a_partition_count() -> None:
@@ -36,7 +41,7 @@ def wait_for_file(path: Path, process: subprocess.Popen[str], timeout: float = 1
         time.sleep(0.05)
 
 
-def test_dev_kafka_serves_its_topics_until_sigterm(tmp_path: Path) -> None:
+def test_dev_kafka_serves_its_topics_and_controls_until_sigterm(tmp_path: Path) -> None:
     ready_file = tmp_path / "kafka.json"
     process = subprocess.Popen(
         [
@@ -65,11 +70,17 @@ def test_dev_kafka_serves_its_topics_until_sigterm(tmp_path: Path) -> None:
         bootstrap = ready["bootstrap_servers"]
         assert len(bootstrap.split(",")) == 2
 
+        control = KafkaControl(ready["control_url"])
+        control.create_topic("created-later", partitions=3)
+        with pytest.raises(KafkaControlError, match="already exists"):
+            control.create_topic("input", partitions=6)
+
         client = Consumer({"bootstrap.servers": bootstrap, "group.id": "dev-kafka-test"})
         try:
             topics = client.list_topics(timeout=5).topics
             assert len(topics["input"].partitions) == 6
             assert len(topics["assignments"].partitions) == 1
+            assert len(topics["created-later"].partitions) == 3
         finally:
             client.close()
 

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.config import new_client_from_config
 
 from smoothscale.devcluster.apiserver import LocalApiServer, write_kubeconfig
 from smoothscale.devcluster.kubeapi import KubeApi, KubeApiError
@@ -24,9 +23,9 @@ def api(tmp_path: Path) -> Iterator[KubeApi]:
     with LocalApiServer() as server:
         kubeconfig = tmp_path / "kubeconfig"
         write_kubeconfig(kubeconfig, server.url)
-        client = new_client_from_config(config_file=str(kubeconfig))
-        yield KubeApi(client)
-        client.close()
+        api = KubeApi.from_kubeconfig(kubeconfig)
+        yield api
+        api.close()
 
 
 @pytest.fixture

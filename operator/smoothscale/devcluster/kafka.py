@@ -2,6 +2,9 @@
 
 The clients that use it (the operator, the instances) run in other processes and reach it over
 loopback TCP, as they would reach a real cluster. The process runs until SIGINT or SIGTERM.
+The mock brokers cannot create topics through the admin API, so the process also serves a small
+HTTP control endpoint on loopback (KafkaControl is its client): create topics, take brokers down
+and up, inject request errors, slow brokers down.
 """
 
 import json
@@ -9,12 +12,15 @@ import os
 import signal
 import sys
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType
 from typing import TextIO
 
-from smoothscale.kafka.embedded import EmbeddedKafka
+from smoothscale.kafka.embedded import EmbeddedKafka, EmbeddedKafkaError
 
 
 @dataclass(frozen=True)
@@ -42,21 +48,126 @@ def parse_topic_spec(text: str) -> TopicSpec:
     return TopicSpec(name, partitions)
 
 
-def write_ready_file(path: str, bootstrap_servers: str) -> None:
+def write_ready_file(path: str, bootstrap_servers: str, control_url: str) -> None:
     """Atomically write what a supervisor needs to know once the cluster is up."""
     temporary = f"{path}.tmp"
+    ready = {"bootstrap_servers": bootstrap_servers, "control_url": control_url, "pid": os.getpid()}
     with open(temporary, "w") as handle:
-        json.dump({"bootstrap_servers": bootstrap_servers, "pid": os.getpid()}, handle)
+        json.dump(ready, handle)
     os.replace(temporary, path)
+
+
+class KafkaControlError(RuntimeError):
+    """The embedded Kafka process refused a control request (or could not be reached)."""
+
+
+# Operation name -> (EmbeddedKafka method, its arguments and their types).
+_OPERATIONS: dict[str, tuple[str, dict[str, type]]] = {
+    "create_topic": (
+        "create_topic",
+        {"name": str, "partitions": int, "replication_factor": int},
+    ),
+    "set_broker_down": ("set_broker_down", {"broker_id": int}),
+    "set_broker_up": ("set_broker_up", {"broker_id": int}),
+    "set_rtt": ("set_rtt", {"broker_id": int, "rtt_ms": int}),
+    "push_request_errors": ("push_request_errors", {"api_key": int, "errors": list}),
+}
+
+
+def _control_handler(kafka: EmbeddedKafka) -> type[BaseHTTPRequestHandler]:
+    class ControlHandler(BaseHTTPRequestHandler):
+        """POST /<operation> with the operation's arguments as a JSON object."""
+
+        def do_POST(self) -> None:
+            operation = _OPERATIONS.get(self.path.strip("/"))
+            if operation is None:
+                self._answer(404, {"error": f"no operation {self.path}: use {sorted(_OPERATIONS)}"})
+                return
+            method, parameters = operation
+            try:
+                arguments = json.loads(self.rfile.read(int(self.headers["Content-Length"] or 0)))
+                if not isinstance(arguments, dict):
+                    raise ValueError("the body must be a JSON object of the arguments")
+                unknown = set(arguments) - set(parameters)
+                if unknown:
+                    raise ValueError(f"unknown arguments {sorted(unknown)}")
+                wrong = [k for k, v in arguments.items() if not isinstance(v, parameters[k])]
+                if wrong:
+                    raise ValueError(f"wrongly typed arguments {sorted(wrong)}")
+                getattr(kafka, method)(**arguments)
+            except (ValueError, TypeError, EmbeddedKafkaError) as error:
+                self._answer(400, {"error": str(error)})
+                return
+            self._answer(200, {})
+
+        def _answer(self, status: int, body: dict[str, object]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: object) -> None:
+            print(f"embedded Kafka control: {format % args}", flush=True)
+
+    return ControlHandler
+
+
+class KafkaControl:
+    """The fault and topic controls of an embedded Kafka that runs in another process
+    (`smoothscale dev kafka`), with the same methods as EmbeddedKafka."""
+
+    def __init__(self, url: str, timeout: float = 10.0) -> None:
+        self.url = url.rstrip("/")
+        self._timeout = timeout
+
+    def _call(self, operation: str, **arguments: object) -> None:
+        request = urllib.request.Request(
+            f"{self.url}/{operation}",
+            data=json.dumps(arguments).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self._timeout):
+                return
+        except urllib.error.HTTPError as error:
+            message = json.loads(error.read() or b"{}").get("error", error.reason)
+            raise KafkaControlError(f"{operation}: {message}") from None
+        except OSError as error:
+            raise KafkaControlError(
+                f"{operation}: cannot reach the embedded Kafka at {self.url} ({error}); is "
+                "`smoothscale dev kafka` running?"
+            ) from None
+
+    def create_topic(self, name: str, partitions: int, replication_factor: int = 1) -> None:
+        self._call(
+            "create_topic", name=name, partitions=partitions, replication_factor=replication_factor
+        )
+
+    def set_broker_down(self, broker_id: int) -> None:
+        self._call("set_broker_down", broker_id=broker_id)
+
+    def set_broker_up(self, broker_id: int) -> None:
+        self._call("set_broker_up", broker_id=broker_id)
+
+    def set_rtt(self, broker_id: int, rtt_ms: int) -> None:
+        self._call("set_rtt", broker_id=broker_id, rtt_ms=rtt_ms)
+
+    def push_request_errors(self, api_key: int, errors: Sequence[int]) -> None:
+        self._call("push_request_errors", api_key=api_key, errors=list(errors))
 
 
 def serve_kafka(
     brokers: int,
     topics: Sequence[TopicSpec],
     ready_file: str | None = None,
+    control_port: int = 0,
     out: TextIO = sys.stdout,
 ) -> None:
-    """Run a cluster with `topics` until SIGINT/SIGTERM, then stop it cleanly."""
+    """Run a cluster with `topics` until SIGINT/SIGTERM, then stop it cleanly. Its controls
+    (topics, faults) answer on http://127.0.0.1:`control_port` (see KafkaControl)."""
     stop = threading.Event()
 
     def request_stop(_signum: int, _frame: FrameType | None) -> None:
@@ -69,15 +180,25 @@ def serve_kafka(
         with EmbeddedKafka(brokers) as kafka:
             for topic in topics:
                 kafka.create_topic(topic.name, topic.partitions)
-            print(f"embedded Kafka: {brokers} broker(s) at {kafka.bootstrap_servers}", file=out)
-            for topic in topics:
-                print(f"  topic {topic.name}: {topic.partitions} partition(s)", file=out)
-            print(f"export KAFKA_BOOTSTRAP={kafka.bootstrap_servers}", file=out, flush=True)
-            if ready_file is not None:
-                write_ready_file(ready_file, kafka.bootstrap_servers)
-            while not stop.wait(timeout=0.5):
-                pass
-            print("embedded Kafka: stopping", file=out, flush=True)
+            control = ThreadingHTTPServer(("127.0.0.1", control_port), _control_handler(kafka))
+            control_url = f"http://127.0.0.1:{control.server_address[1]}"
+            threading.Thread(
+                target=control.serve_forever, name="kafka-control", daemon=True
+            ).start()
+            try:
+                print(f"embedded Kafka: {brokers} broker(s) at {kafka.bootstrap_servers}", file=out)
+                for topic in topics:
+                    print(f"  topic {topic.name}: {topic.partitions} partition(s)", file=out)
+                print(f"  controls (topics, faults): {control_url}", file=out)
+                print(f"export KAFKA_BOOTSTRAP={kafka.bootstrap_servers}", file=out, flush=True)
+                if ready_file is not None:
+                    write_ready_file(ready_file, kafka.bootstrap_servers, control_url)
+                while not stop.wait(timeout=0.5):
+                    pass
+                print("embedded Kafka: stopping", file=out, flush=True)
+            finally:
+                control.shutdown()
+                control.server_close()
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -7,6 +7,7 @@ class sends plain JSON to any path, so the kubelet works with objects as the API
 
 import json
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from kubernetes.client import ApiClient
@@ -37,6 +38,19 @@ class KubeApi:
     def __init__(self, api_client: ApiClient, request_timeout: float = 10.0) -> None:
         self._client = api_client
         self._timeout = request_timeout
+
+    @classmethod
+    def from_kubeconfig(cls, path: Path | None = None, context: str | None = None) -> "KubeApi":
+        """A client for the cluster of a kubeconfig (default: $KUBECONFIG, ~/.kube/config)."""
+        from kubernetes.config import new_client_from_config
+
+        api_client = new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=None if path is None else str(path), context=context
+        )
+        return cls(api_client)
+
+    def close(self) -> None:
+        self._client.close()  # type: ignore[no-untyped-call]
 
     def _send(
         self,
