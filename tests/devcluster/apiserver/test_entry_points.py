@@ -7,10 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import requests
 import yaml
 
-from smoothscale.devcluster.apiserver import write_kubeconfig
+from smoothscale.devcluster.apiserver import LocalApiServer, write_kubeconfig
 from tests.devcluster.apiserver.conftest import ROOT
 
 
@@ -44,3 +45,14 @@ def test_the_kubeconfig_points_at_the_server_and_namespace(tmp_path: Path) -> No
     cluster = next(c for c in config["clusters"] if c["name"] == context["context"]["cluster"])
     assert cluster["cluster"]["server"] == "http://127.0.0.1:1234"
     assert context["context"]["namespace"] == "shop"
+
+
+def test_a_port_in_use_fails_start_with_the_os_error() -> None:
+    with LocalApiServer() as first:
+        port = int(first.url.rsplit(":", 1)[1])
+        second = LocalApiServer(port=port)
+
+        with pytest.raises(OSError, match="address already in use"):
+            second.start()
+
+        assert requests.get(f"{first.url}/healthz", timeout=5).text == "ok"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -377,3 +378,30 @@ def test_reapplying_an_unchanged_crd_changes_nothing(kubectl: Kubectl) -> None:
 
     assert "configured" in out  # the server loaded it at start, without kubectl's annotation
     assert "unchanged" in again
+
+
+def test_describe_a_streamingapp_shows_its_spec_and_events(kubectl: Kubectl) -> None:
+    kubectl("apply", "-f", "-", stdin=STREAMING_APP)
+    app = kubectl.json("get", "streamingapp", "counts")
+    event = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": "counts.1"},
+        "involvedObject": {
+            "apiVersion": "smoothscale.io/v1alpha1",
+            "kind": "StreamingApp",
+            "name": "counts",
+            "namespace": "default",
+            "uid": app["metadata"]["uid"],
+        },
+        "reason": "ScalingOut",
+        "message": "warming up 1 instance",
+        "type": "Normal",
+    }
+    kubectl("create", "-f", "-", stdin=json.dumps(event))
+
+    described = kubectl("describe", "streamingapp", "counts")
+
+    assert "Kind:         StreamingApp" in described
+    assert re.search(r"^  Replicas: +2$", described, re.MULTILINE)
+    assert "warming up 1 instance" in described
