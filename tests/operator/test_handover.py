@@ -1,0 +1,310 @@
+"""The operator's hand-over sequencing, specified against instances that follow the protocol.
+
+`Cluster` below plays the instances' side of docs/architecture.md: an instance holds a task
+active from the moment it is assigned active until it has released it; when its assignment
+drops an active task it releases it (immediately, or after some polls, as a micro-batch may
+take); warm-ups and standbys catch up by a fixed number of records per poll.
+"""
+
+from dataclasses import dataclass, field
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from smoothscale.kafka.assignments import Assignment
+from smoothscale.kafka.progress import ReportedRole, TaskProgress, TaskReport
+from smoothscale.operator.handover import (
+    InstanceStatus,
+    Ledger,
+    Observation,
+    Step,
+    step,
+)
+from smoothscale.planner.model import PlannerConfig
+from smoothscale.tasks import TaskId, TaskRole
+
+CONFIG = PlannerConfig(acceptable_recovery_lag=100, max_warmup_replicas=2)
+STATE_SIZE = 1_000
+"""Changelog records per task: a new replica starts this far behind."""
+
+
+@dataclass
+class Replica:
+    lag: int = STATE_SIZE
+    role: ReportedRole = ReportedRole.WARMUP
+    epoch: int = 0
+    release_in: int | None = None
+    """Polls until a revoked active is released; None when not revoked."""
+
+
+@dataclass
+class Cluster:
+    tasks: int
+    instances: dict[str, dict[TaskId, Replica]] = field(default_factory=dict)
+    catch_up_per_poll: int = 400
+    release_delay: int = 0
+    ledger: Ledger = field(default_factory=Ledger)
+    draining: set[str] = field(default_factory=set)
+    history: list[Step] = field(default_factory=list)
+
+    def start(self, *names: str) -> None:
+        for name in names:
+            self.instances[name] = {}
+
+    def kill(self, name: str) -> None:
+        del self.instances[name]
+        self.draining.discard(name)
+
+    def observe(self) -> Observation:
+        progress = {
+            (name, task): TaskProgress(
+                name,
+                TaskReport(task, replica.role, replica.epoch, 0, {"counts": 10 * task}),
+                0 if replica.role is ReportedRole.ACTIVE else replica.lag,
+            )
+            for name, replicas in self.instances.items()
+            for task, replica in replicas.items()
+        }
+        statuses = {name: InstanceStatus(draining=name in self.draining) for name in self.instances}
+        return Observation(instances=statuses, progress=progress)
+
+    def poll(self) -> Step:
+        result = step(self.ledger, self.observe(), self.tasks, CONFIG)
+        self.ledger = result.ledger
+        self.history.append(result)
+        for name, assignment in result.writes.items():
+            self._apply(name, assignment)
+        for name in result.drained:
+            self.kill(name)
+        self._advance()
+        return result
+
+    def _apply(self, name: str, assignment: Assignment) -> None:
+        replicas = self.instances[name]
+        for task, replica in list(replicas.items()):
+            if task in assignment.tasks:
+                continue
+            if replica.role is ReportedRole.ACTIVE:
+                replica.release_in = self.release_delay
+            elif replica.role is not ReportedRole.RELEASED:
+                del replicas[task]
+        for task, held in assignment.tasks.items():
+            replica = replicas.setdefault(task, Replica())
+            if held.role is TaskRole.ACTIVE:
+                assert replica.role is not ReportedRole.ACTIVE or replica.epoch == held.epoch
+                replica.role, replica.epoch, replica.lag, replica.release_in = (
+                    ReportedRole.ACTIVE,
+                    held.epoch,
+                    0,
+                    None,
+                )
+            elif replica.role is not ReportedRole.ACTIVE:
+                replica.role = ReportedRole(held.role.value)
+                replica.epoch = held.epoch
+
+    def _advance(self) -> None:
+        for replicas in self.instances.values():
+            for replica in replicas.values():
+                if replica.release_in is not None:
+                    if replica.release_in == 0:
+                        replica.role, replica.release_in = ReportedRole.RELEASED, None
+                    else:
+                        replica.release_in -= 1
+                elif replica.role in (ReportedRole.WARMUP, ReportedRole.STANDBY):
+                    replica.lag = max(0, replica.lag - self.catch_up_per_poll)
+
+    def active_holders(self, task: TaskId) -> list[str]:
+        """Instances that hold `task` active: assigned, and not yet released."""
+        return [
+            name
+            for name, replicas in self.instances.items()
+            if task in replicas and replicas[task].role is ReportedRole.ACTIVE
+        ]
+
+    def actives(self) -> dict[str, list[TaskId]]:
+        return {
+            name: sorted(t for t, r in replicas.items() if r.role is ReportedRole.ACTIVE)
+            for name, replicas in sorted(self.instances.items())
+        }
+
+    def busy(self) -> bool:
+        """A hand-over is under way or a warm-up is still restoring."""
+        return any(o.handover for o in self.ledger.tasks.values()) or any(
+            a.tasks_in(TaskRole.WARMUP) for a in self.ledger.assignments.values()
+        )
+
+    def run_until_settled(self, max_polls: int = 60) -> int:
+        for polls in range(1, max_polls + 1):
+            result = self.poll()
+            for task in range(self.tasks):
+                assert len(self.active_holders(task)) <= 1, (task, self.actives())
+            if not (result.writes or result.plan.moves or result.drained or self.busy()):
+                return polls
+        raise AssertionError(f"not settled after {max_polls} polls: {self.actives()}")
+
+
+def test_a_fresh_start_spreads_the_tasks_as_actives_at_epoch_1() -> None:
+    cluster = Cluster(tasks=4)
+    cluster.start("a", "b")
+    first = cluster.poll()
+    assert first.ledger.generation == 1
+    assert cluster.actives() == {"a": [0, 1], "b": [2, 3]}
+    assert {held.epoch for a in first.writes.values() for held in a.tasks.values()} == {1}
+
+
+def test_polling_twice_on_the_same_facts_writes_nothing_new() -> None:
+    cluster = Cluster(tasks=4)
+    cluster.start("a", "b")
+    cluster.run_until_settled()
+    again = step(cluster.ledger, cluster.observe(), 4, CONFIG)
+    assert again.writes == {}
+    assert again.ledger.generation == cluster.ledger.generation
+
+
+def test_scale_out_warms_up_first_and_moves_nothing_while_the_warmups_are_behind() -> None:
+    cluster = Cluster(tasks=4, catch_up_per_poll=0)
+    cluster.start("a")
+    cluster.run_until_settled()
+    cluster.start("b")
+    for _ in range(5):
+        result = cluster.poll()
+    assert cluster.actives() == {"a": [0, 1, 2, 3], "b": []}
+    assert result.ledger.assignments["b"].tasks_in(TaskRole.WARMUP) == {2, 3}
+
+
+def test_the_new_owner_is_active_only_after_the_old_owner_released() -> None:
+    cluster = Cluster(tasks=2, release_delay=3)
+    cluster.start("a")
+    cluster.run_until_settled()
+    cluster.start("b")
+    while not any(o.handover for o in cluster.ledger.tasks.values()):
+        cluster.poll()
+    (task,) = [t for t, o in cluster.ledger.tasks.items() if o.handover]
+    assert task not in cluster.ledger.assignments["a"].tasks
+    assert cluster.ledger.assignments["b"].tasks[task].role is TaskRole.WARMUP
+    for _ in range(3):
+        assert cluster.active_holders(task) == ["a"]
+        cluster.poll()
+    assert cluster.instances["a"][task].role is ReportedRole.RELEASED
+    assert cluster.active_holders(task) == []
+    activated = cluster.poll()
+    held = activated.writes["b"].tasks[task]
+    assert held.role is TaskRole.ACTIVE
+    assert held.epoch == 2
+    assert held.restore_until == {"counts": 10 * task}
+
+
+def test_scale_out_converges_to_balanced_actives_without_two_owners() -> None:
+    cluster = Cluster(tasks=12, release_delay=1)
+    cluster.start("a", "b")
+    cluster.run_until_settled()
+    cluster.start("c", "d")
+    cluster.run_until_settled()
+    assert {len(tasks) for tasks in cluster.actives().values()} == {3}
+
+
+def test_scale_in_moves_state_off_the_drained_instance_before_it_is_deleted() -> None:
+    cluster = Cluster(tasks=4, release_delay=1)
+    cluster.start("a", "b")
+    cluster.run_until_settled()
+    cluster.draining.add("b")
+    deleted_at = None
+    for poll in range(40):
+        result = cluster.poll()
+        if "b" in result.drained:
+            deleted_at = poll
+            break
+        assert "b" in cluster.instances
+    assert deleted_at is not None
+    assert cluster.actives() == {"a": [0, 1, 2, 3]}
+    moved = [h for h in cluster.history if any(o.handover for o in h.ledger.tasks.values())]
+    assert moved, "the drained instance's tasks were handed over, not failed over"
+
+
+def test_a_dead_owner_fails_over_at_once_to_a_new_epoch() -> None:
+    cluster = Cluster(tasks=2)
+    cluster.start("a", "b")
+    cluster.run_until_settled()
+    cluster.kill("b")
+    result = cluster.poll()
+    assert cluster.actives() == {"a": [0, 1]}
+    assert result.writes["a"].tasks[1].epoch == 2
+    assert result.writes["a"].tasks[1].restore_until is None
+    assert result.forget == ("b",)
+
+
+def test_a_source_that_dies_before_releasing_hands_the_task_to_the_destination_at_once() -> None:
+    cluster = Cluster(tasks=2, release_delay=100)
+    cluster.start("a")
+    cluster.run_until_settled()
+    cluster.start("b")
+    while not any(o.handover for o in cluster.ledger.tasks.values()):
+        cluster.poll()
+    (task,) = [t for t, o in cluster.ledger.tasks.items() if o.handover]
+    cluster.kill("a")
+    result = cluster.poll()
+    assert result.writes["b"].tasks[task].role is TaskRole.ACTIVE
+    assert cluster.active_holders(task) == ["b"]
+
+
+def test_a_destination_that_dies_mid_hand_over_leaves_the_task_with_its_source() -> None:
+    cluster = Cluster(tasks=2, release_delay=2)
+    cluster.start("a")
+    cluster.run_until_settled()
+    cluster.start("b")
+    while not any(o.handover for o in cluster.ledger.tasks.values()):
+        cluster.poll()
+    (task,) = [t for t, o in cluster.ledger.tasks.items() if o.handover]
+    cluster.kill("b")
+    cluster.run_until_settled()
+    assert cluster.actives() == {"a": [0, 1]}
+
+
+def test_scale_to_zero_releases_every_task_before_the_instances_go() -> None:
+    cluster = Cluster(tasks=2, release_delay=1)
+    cluster.start("a")
+    cluster.run_until_settled()
+    cluster.draining.add("a")
+    for _ in range(10):
+        result = cluster.poll()
+        if result.drained:
+            break
+        assert cluster.actives() in ({"a": [0, 1]}, {"a": []}, {"a": [0]}, {"a": [1]})
+    assert result.drained == ("a",)
+    assert all(r.role is ReportedRole.RELEASED for r in cluster.instances.get("a", {}).values())
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    tasks=st.integers(1, 10),
+    before=st.integers(1, 4),
+    after=st.integers(1, 5),
+    release_delay=st.integers(0, 3),
+    kill_at=st.one_of(st.none(), st.integers(0, 6)),
+)
+def test_never_two_active_holders_and_always_settles_balanced(
+    tasks: int, before: int, after: int, release_delay: int, kill_at: int | None
+) -> None:
+    cluster = Cluster(tasks=tasks, release_delay=release_delay)
+    cluster.start(*(f"i{n}" for n in range(before)))
+    cluster.run_until_settled()
+    names = [f"i{n}" for n in range(max(before, after))]
+    cluster.start(*(n for n in names[before:]))
+    cluster.draining.update(names[after:])
+    for poll in range(60):
+        if kill_at is not None and poll == kill_at:
+            # A pod dies; the operator recreates a kept one under a new name.
+            victim = sorted(cluster.instances)[0]
+            was_kept = victim not in cluster.draining
+            cluster.kill(victim)
+            if was_kept:
+                cluster.start(f"{victim}-again")
+        result = cluster.poll()
+        for task in range(tasks):
+            assert len(cluster.active_holders(task)) <= 1
+    assert not result.plan.moves
+    assert not cluster.busy()
+    live_kept = [n for n in cluster.instances if n not in cluster.draining]
+    counts = [len(cluster.actives()[n]) for n in live_kept]
+    assert max(counts) - min(counts) <= 1
+    assert sum(counts) == tasks
