@@ -83,6 +83,12 @@ def test_dev_kafka_serves_its_topics_and_controls_until_sigterm(tmp_path: Path) 
             assert len(topics["created-later"].partitions) == 3
         finally:
             client.close()
+        with pytest.raises(KafkaControlError, match=r"brokers are 1\.\.2"):
+            control.set_broker_down(3)
+        control.set_broker_down(2)
+        control.set_broker_up(2)
+        control.set_rtt(1, 0)
+        control.push_request_errors(0, [0])
 
         process.send_signal(signal.SIGTERM)
         output, _ = process.communicate(timeout=10)
