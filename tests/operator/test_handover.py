@@ -256,6 +256,8 @@ def test_a_destination_that_dies_mid_hand_over_leaves_the_task_with_its_source()
         cluster.poll()
     (task,) = [t for t, o in cluster.ledger.tasks.items() if o.handover]
     cluster.kill("b")
+    cluster.poll()
+    assert cluster.active_holders(task) == ["a"], "a has not released yet: it still holds it"
     cluster.run_until_settled()
     assert cluster.actives() == {"a": [0, 1]}
 
