@@ -250,6 +250,7 @@ def test_a_pod_bound_to_a_node_is_deleted_gracefully(api: Api) -> None:
     )
 
     first = api.request("DELETE", f"{PODS}/p", json={"gracePeriodSeconds": 30})
+    api.request("PATCH", f"{PODS}/p/status", headers=MERGE, json={"status": {"phase": "Running"}})
     terminating = api.request("GET", f"{PODS}/p").json()
     final = api.request("DELETE", f"{PODS}/p", json={"gracePeriodSeconds": 0})
 
@@ -257,6 +258,7 @@ def test_a_pod_bound_to_a_node_is_deleted_gracefully(api: Api) -> None:
     assert rebound.status_code == 409
     assert first.status_code == 202
     assert terminating["metadata"]["deletionGracePeriodSeconds"] == 30
+    assert terminating["status"]["phase"] == "Running"  # the kubelet still reports meanwhile
     assert final.status_code == 200
     assert api.request("GET", f"{PODS}/p").status_code == 404
 

@@ -154,9 +154,10 @@ class Store:
             if added:
                 raise ApiError(
                     422,
-                    "Forbidden",
-                    f'{rt.resource} "{name}" is being deleted: no new finalizers can be added '
-                    f"({', '.join(sorted(added))})",
+                    "Invalid",
+                    f'{rt.resource} "{name}" is invalid: metadata.finalizers: Forbidden: no new '
+                    f"finalizers can be added if the object is being deleted, found new "
+                    f"finalizers {sorted(added)}",
                 )
         ignored = ("metadata", "status") if rt.status_subresource else ("metadata",)
         if _without(obj, *ignored, "apiVersion", "kind") != _without(
@@ -168,12 +169,21 @@ class Store:
             return obj  # a no-op write changes nothing, not even the resourceVersion
         if dry_run:
             return obj
-        if "deletionTimestamp" in meta and not meta.get("finalizers"):
-            return self._remove(rt, obj)
+        if rt.key != NAMESPACES and self._deletion_finished(meta):
+            return self._remove(rt, obj)  # a namespace goes once it is empty
         meta["resourceVersion"] = str(self._next_version())
         self._objects[rt.key][(namespace, name)] = copy.deepcopy(obj)
         self._record(rt, Change("MODIFIED", copy.deepcopy(obj), old, self._resource_version))
         return obj
+
+    @staticmethod
+    def _deletion_finished(meta: JsonObject) -> bool:
+        """Being deleted, with no finalizer left and no grace period running."""
+        return (
+            "deletionTimestamp" in meta
+            and not meta.get("finalizers")
+            and not meta.get("deletionGracePeriodSeconds")
+        )
 
     def delete(
         self,
