@@ -34,9 +34,12 @@ def produce(
 ) -> None:
     """Produce (partition, key, value) records and wait until all are acknowledged."""
     producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "log_level": 3})
-    for partition, key, value in records:
-        producer.produce(topic, partition=partition, key=key, value=value)
-    assert producer.flush(10) == 0, "records were not acknowledged within 10 s"
+    try:
+        for partition, key, value in records:
+            producer.produce(topic, partition=partition, key=key, value=value)
+        assert producer.flush(10) == 0, "records were not acknowledged within 10 s"
+    finally:
+        producer.close()
 
 
 class CollectingStream:

@@ -145,6 +145,7 @@ def test_dead_letters_carry_the_record_with_its_reason_and_origin_in_headers(
 
     sent = send_dead_letters(bad, producer, topic)
     assert producer.flush(10) == 0
+    producer.close()
 
     assert sent == 2
     consumer = Consumer(

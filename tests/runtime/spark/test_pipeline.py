@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 from examples.pipelines import running_count, tumbling_window
+from pyspark.sql import SparkSession
 
 from smoothscale.runtime.pipeline import Pipeline, PipelineError, load_pipeline
 
@@ -103,3 +104,47 @@ def test_tumbling_window_keys_survive_a_bar_in_the_user_name() -> None:
 
     assert output_key == "a|b|60000"
     assert (output["user"], output["windowStart"]) == ("a|b", 60_000)
+
+
+@pytest.mark.spark
+def test_running_count_aggregate_gives_one_count_per_partition_and_user(
+    spark: SparkSession,
+) -> None:
+    decoded = spark.createDataFrame(
+        [(0, "alice"), (0, "alice"), (0, "bob"), (1, "alice")], "partition INT, user STRING"
+    )
+
+    updates = running_count.count_per_user(decoded)
+
+    assert sorted(tuple(row) for row in updates.collect()) == [
+        (0, "alice", 2),
+        (0, "bob", 1),
+        (1, "alice", 1),
+    ]
+    assert updates.columns == ["partition", "key", "update"]
+
+
+@pytest.mark.spark
+def test_tumbling_window_aggregate_sums_per_user_and_minute_of_event_time(
+    spark: SparkSession,
+) -> None:
+    decoded = spark.createDataFrame(
+        [
+            (0, "alice", 5, 60_000),
+            (0, "alice", 7, 119_999),
+            (0, "alice", 1, 120_000),
+            (0, "bob", 2, 60_500),
+        ],
+        "partition INT, user STRING, amount LONG, ts LONG",
+    )
+
+    updates = tumbling_window.sum_per_window(decoded)
+
+    assert sorted(
+        (row["partition"], row["key"], row["update"]["sum"], row["update"]["count"])
+        for row in updates.collect()
+    ) == [
+        (0, "alice|120000", 1, 1),
+        (0, "alice|60000", 12, 2),
+        (0, "bob|60000", 2, 1),
+    ]

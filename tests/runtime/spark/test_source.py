@@ -157,6 +157,7 @@ def test_a_range_ending_in_transaction_markers_is_read_without_waiting(
         for i in range(5):
             producer.produce(topic, partition=0, value=f"t{transaction}-{i}".encode())
         producer.commit_transaction(10)
+    producer.close()
     # 15 records and 3 commit markers: the partition ends on a marker, at offset 18.
     stream = stream_factory(topic, {(topic, 0): 0}, **{"read.timeout.seconds": "30"})
 
