@@ -87,9 +87,8 @@ def admit_custom(
     errors = validate(rt.schema, defaulted)
     unknown = [error for error in errors if _is_unknown_field(error)]
     errors = [error for error in errors if not _is_unknown_field(error)]
-    name = defaulted.get("metadata", {}).get("name") or defaulted.get("metadata", {}).get(
-        "generateName", ""
-    )
+    meta = defaulted.get("metadata") or {}
+    name = meta.get("name") or meta.get("generateName", "")
     if unknown and field_validation == STRICT:
         fields = ", ".join(f'unknown field "{error.path}"' for error in unknown)
         raise ApiError(
@@ -103,9 +102,8 @@ def admit_custom(
     warnings = (
         [f'unknown field "{error.path}"' for error in unknown] if field_validation == WARN else []
     )
-    meta = defaulted.get("metadata")
     pruned: JsonObject = _prune(rt.schema, defaulted)
-    pruned["metadata"] = meta
+    pruned["metadata"] = meta  # ObjectMeta is not described by the CRD schema
     return pruned, warnings
 
 

@@ -147,6 +147,5 @@ def apply_patch(target: JsonObject | None, applied: JsonObject) -> JsonObject:
             return result
         return copy.deepcopy(config)
 
-    merged = merge(target or {}, applied)
-    assert isinstance(merged, dict)
+    merged: JsonObject = merge(target or {}, applied)
     return merged
