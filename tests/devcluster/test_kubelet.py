@@ -101,6 +101,13 @@ def wait_for(
         time.sleep(0.05)
 
 
+def wait_until_exists(path: Path, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+
+
 def phase(pod: JsonObject | None) -> str | None:
     return None if pod is None else (pod.get("status") or {}).get("phase")
 
@@ -236,16 +243,17 @@ def test_delete_sends_sigterm_and_removes_the_pod_once_the_process_exits(
     api: KubeApi, kubelet: Kubelet, tmp_path: Path
 ) -> None:
     marker = tmp_path / "terminated"
+    trapping = tmp_path / "trapping"
     code = (
         "import signal, sys, time, pathlib\n"
         "def bye(*_):\n"
         f"    pathlib.Path({str(marker)!r}).write_text('bye'); sys.exit(0)\n"
         "signal.signal(signal.SIGTERM, bye)\n"
+        f"pathlib.Path({str(trapping)!r}).write_text('')\n"
         "time.sleep(60)\n"
     )
     name = create(api, pod_manifest(python(code), grace=20))["metadata"]["name"]
-    wait_for(api, name, lambda p: container_status(p).get("started") is True)
-    time.sleep(0.3)  # let the interpreter install its handler
+    wait_until_exists(trapping)
 
     started = time.monotonic()
     delete(api, name)
@@ -255,18 +263,25 @@ def test_delete_sends_sigterm_and_removes_the_pod_once_the_process_exits(
 
 
 def test_a_process_ignoring_sigterm_is_killed_after_the_delete_grace_period(
-    api: KubeApi, kubelet: Kubelet
+    api: KubeApi, kubelet: Kubelet, tmp_path: Path
 ) -> None:
-    code = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)\n"
+    ignoring = tmp_path / "ignoring"
+    code = (
+        "import signal, time, pathlib\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        f"pathlib.Path({str(ignoring)!r}).write_text('')\n"
+        "time.sleep(60)\n"
+    )
     name = create(api, pod_manifest(python(code), grace=30))["metadata"]["name"]
     pod = wait_for(api, name, lambda p: container_status(p).get("started") is True)
     pid = int(container_status(pod)["containerID"].removeprefix("process://"))
+    wait_until_exists(ignoring)
 
     started = time.monotonic()
     delete(api, name, grace=1)
     wait_for(api, name, lambda p: p is None)
     took = time.monotonic() - started
-    assert 1 <= took < 4
+    assert 1 <= took < 6
     assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
 
 

@@ -167,7 +167,7 @@ def test_stop_sends_sigterm_and_a_process_that_traps_it_exits_at_once(
     wait_until(lambda: log.exists() and "up" in log.read_text(), what="the handler")
     started = time.monotonic()
     runner.stop("default_app-0")
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 4  # well under the 10 s grace period
     assert marker.read_text() == "bye"
     assert "default_app-0" not in runner
 
@@ -189,7 +189,7 @@ def test_a_process_that_ignores_sigterm_is_killed_after_the_grace_period(
     started = time.monotonic()
     runner.stop("default_app-0")
     took = time.monotonic() - started
-    assert 0.5 <= took < 2
+    assert 0.5 <= took < 4
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
 
