@@ -405,3 +405,11 @@ def test_describe_a_streamingapp_shows_its_spec_and_events(kubectl: Kubectl) -> 
     assert "Kind:         StreamingApp" in described
     assert re.search(r"^  Replicas: +2$", described, re.MULTILINE)
     assert "warming up 1 instance" in described
+
+
+def test_validate_warn_creates_without_the_unknown_field_and_warns(kubectl: Kubectl) -> None:
+    result = kubectl.run("apply", "--validate=warn", "-f", "-", stdin=streaming_app(replicaz=3))
+
+    assert result.returncode == 0, result.stderr
+    assert 'Warning: unknown field "spec.replicaz"' in result.stderr
+    assert "replicaz" not in kubectl.json("get", "streamingapp", "counts")["spec"]

@@ -54,9 +54,11 @@ class Target:
 
 
 def _json(body: Any, status: int = 200, warnings: Sequence[str] = ()) -> web.Response:
-    headers = (
-        {"Warning": ", ".join(f'299 - "{warning}"' for warning in warnings)} if warnings else None
+    quoted = (
+        '299 - "{}"'.format(warning.replace("\\", "\\\\").replace('"', '\\"'))
+        for warning in warnings
     )
+    headers = {"Warning": ", ".join(quoted)} if warnings else None
     return web.Response(
         body=json.dumps(body).encode(),
         status=status,
