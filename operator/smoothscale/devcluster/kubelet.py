@@ -449,9 +449,12 @@ class Kubelet:
                 while not self._stopping.is_set():
                     version = self._follow(version)
             except KubeApiError as error:
-                if error.status != 410:
+                if error.status != 410:  # 410: the version expired, list again at once
                     logger.warning("kubelet: watching pods: %s; listing again", error)
                     self._stopping.wait(1.0)
+            except Exception:  # a malformed answer must not end the watch for good
+                logger.exception("kubelet: watching pods failed; listing again")
+                self._stopping.wait(1.0)
 
     def _follow(self, version: str) -> str:
         """Pass one watch stream's events on; return the last resourceVersion seen."""
