@@ -252,7 +252,7 @@ def test_a_pod_bound_to_a_node_is_deleted_gracefully(api: Api) -> None:
     first = api.request("DELETE", f"{PODS}/p", json={"gracePeriodSeconds": 30})
     api.request("PATCH", f"{PODS}/p/status", headers=MERGE, json={"status": {"phase": "Running"}})
     terminating = api.request("GET", f"{PODS}/p").json()
-    final = api.request("DELETE", f"{PODS}/p", json={"gracePeriodSeconds": 0})
+    final = api.request("DELETE", f"{PODS}/p", params={"gracePeriodSeconds": "0"})
 
     assert bound.status_code == 201
     assert rebound.status_code == 409

@@ -611,6 +611,9 @@ class ApiServer:
     async def _delete(self, request: web.Request, target: Target) -> web.Response:
         assert target.name is not None
         options = await self._body(request) or {}
+        if "gracePeriodSeconds" in request.query:  # DeleteOptions may come as query parameters
+            grace = _number(request.query["gracePeriodSeconds"], "gracePeriodSeconds")
+            options["gracePeriodSeconds"] = int(grace)
         preconditions = options.get("preconditions") or {}
         dry_run = request.query.get("dryRun") == "All" or "All" in (options.get("dryRun") or [])
         current = self.store.get(target.rt, target.namespace, target.name)
