@@ -335,8 +335,10 @@ def test_pods_create_get_wide_strategic_patch_describe_and_delete(kubectl: Kubec
     assert "started the worker" in kubectl("get", "events")
 
     kubectl("delete", "pod", "worker-0", "--timeout", "10s")
+    kubectl("delete", "event", "worker-0.1")
 
     assert kubectl("get", "pods", "-o", "name") == ""
+    assert kubectl("get", "events", "-o", "name") == ""
 
 
 def test_pods_json_patch_and_label_selector(kubectl: Kubectl) -> None:
