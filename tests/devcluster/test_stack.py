@@ -1,6 +1,7 @@
 """`smoothscale dev up` / `down` and the `local_cluster` fixture: the three parts together."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -181,3 +182,28 @@ def test_a_pod_on_the_local_cluster_reaches_its_kafka(local_cluster: StackInfo) 
         reader.close()
     assert message is not None
     assert message.value() == name.encode()
+
+
+def processes_running_in(directory: Path) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if Path(os.readlink(entry / "cwd")) == directory:
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_dev_up_that_fails_stops_what_it_started_and_says_why(tmp_path: Path) -> None:
+    empty = tmp_path / "no-crds"
+    empty.mkdir()
+    state_dir = tmp_path / "dev"
+    result = smoothscale(
+        "dev", "up", "--state-dir", str(state_dir), "--crds", str(empty), cwd=tmp_path
+    )
+    assert result.returncode == 2
+    assert "no CRD YAML files" in result.stderr
+    assert processes_running_in(state_dir.resolve()) == []
+    assert not (state_dir / "state.json").exists()
