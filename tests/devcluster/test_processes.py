@@ -218,6 +218,34 @@ def test_stopping_reaches_the_whole_process_group(runner: ProcessRunner, tmp_pat
     wait_until(child_gone, timeout=3, what="the child to die")
 
 
+def test_sigterm_goes_to_the_main_process_only_as_in_a_container(
+    runner: ProcessRunner, tmp_path: Path
+) -> None:
+    child_marker = tmp_path / "child-got-sigterm"
+    child = (
+        "import signal, sys, time, pathlib\n"
+        "def bye(*_):\n"
+        f"    pathlib.Path({str(child_marker)!r}).write_text('sigterm'); sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, bye)\n"
+        "time.sleep(60)\n"
+    )
+    main = (
+        "import signal, subprocess, sys, time\n"
+        f"child = subprocess.Popen([sys.executable, '-c', {child!r}])\n"
+        "def bye(*_):\n"
+        "    time.sleep(0.3); sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, bye)\n"
+        "print('up', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    one_container(runner, python(main), grace=5)
+    log = runner.log_path("default_app-0", "main")
+    wait_until(lambda: log.exists() and "up" in log.read_text(), what="the main process")
+    time.sleep(0.3)  # the child has installed its handler
+    runner.stop("default_app-0")
+    assert not child_marker.exists(), "the child got SIGTERM; only the main process should"
+
+
 def test_exec_readiness_probe_flips_ready_both_ways(runner: ProcessRunner) -> None:
     readiness = Probe(
         ExecAction(("test", "-f", "ready")),

@@ -322,15 +322,19 @@ class _Container:
     # Stopping.
 
     def begin_stop(self) -> None:
-        """No more restarts; SIGTERM the running process group."""
+        """No more restarts; SIGTERM the running process."""
         self._stopping.set()
         self.terminate()
 
     def terminate(self) -> None:
+        """SIGTERM the container's main process only, as a container runtime does: its
+        children (a worker's Spark JVM) are its to stop; whatever is left when it exits, or
+        when the grace period ends, gets SIGKILL with the whole group."""
         with self._lock:
             process = self._process
         if process is not None and process.poll() is None:
-            _signal_group(process.pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
 
     def wait_or_kill(self, deadline: float) -> None:
         """Wait for the process until `deadline` (time.monotonic()), then SIGKILL its group."""
