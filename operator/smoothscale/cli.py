@@ -20,11 +20,12 @@ Registrar = Callable[["Subparsers[argparse.ArgumentParser]"], None]
 def _registrars() -> list[Registrar]:
     # One line per area; keep the imports here so a broken area names itself in the traceback.
     from smoothscale.api.cli import register as register_api
+    from smoothscale.demo.cli import register as register_demo
     from smoothscale.devcluster.cli import register as register_dev
     from smoothscale.planner.cli import register as register_plan
     from smoothscale.runtime.cli import register as register_worker
 
-    return [register_api, register_dev, register_plan, register_worker]
+    return [register_api, register_demo, register_dev, register_plan, register_worker]
 
 
 def build_parser() -> argparse.ArgumentParser:

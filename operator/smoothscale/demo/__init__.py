@@ -1,0 +1,1 @@
+"""The scaling demo (`smoothscale demo`, `make demo`)."""
