@@ -65,6 +65,11 @@ class ResourceType:
         """The group-qualified plural used in messages, e.g. "streamingapps.smoothscale.io"."""
         return f"{self.plural}.{self.group}" if self.group else self.plural
 
+    def stamp(self, obj: JsonObject) -> JsonObject:
+        """The object as served at this group/version (its apiVersion and kind set)."""
+        obj["apiVersion"], obj["kind"] = self.api_version, self.kind
+        return obj
+
     @property
     def key(self) -> tuple[str, str]:
         """Where its objects are stored: shared by all versions of the same resource."""

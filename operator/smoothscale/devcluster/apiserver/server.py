@@ -6,7 +6,6 @@ import asyncio
 import copy
 import json
 import secrets
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from smoothscale.devcluster.apiserver import discovery, patching, protobuf, tables
+from smoothscale.devcluster.apiserver import discovery, patching, protobuf, query, tables
 from smoothscale.devcluster.apiserver.admission import STRICT, WARN, admit_builtin, admit_custom
 from smoothscale.devcluster.apiserver.errors import (
     ApiError,
@@ -36,10 +35,9 @@ from smoothscale.devcluster.apiserver.registry import (
 )
 from smoothscale.devcluster.apiserver.selectors import Predicate, field_selector, label_selector
 from smoothscale.devcluster.apiserver.store import Change, StorageKey, Store
+from smoothscale.devcluster.apiserver.watch import serve_watch, watch_request
 
 CRD_KEY: StorageKey = (CRD_GROUP, "customresourcedefinitions")
-DEFAULT_WATCH_TIMEOUT = 1800.0
-BOOKMARK_INTERVAL = 60.0
 _GENERATED_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
 
@@ -81,39 +79,6 @@ def _set_path(obj: JsonObject, path: str, value: Any) -> None:
     for part in parents:
         obj = obj.setdefault(part, {})
     obj[last] = value
-
-
-def _number(text: str, name: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise bad_request(f"{name} must be a number, got {text!r}") from None
-
-
-def _is_true(value: str | None) -> bool:
-    return value in ("1", "true", "True")
-
-
-@dataclass(frozen=True)
-class WatchStream:
-    """What one watch request asked for."""
-
-    target: Target
-    matches: Predicate
-    deadline: float
-    """time.monotonic() at which the stream ends (timeoutSeconds)."""
-    bookmarks: bool
-    initial_events: bool
-    table_objects: str | None
-    """None for plain objects, else the Table rows' includeObject (None, Object, Metadata)."""
-
-    def selects(self, obj: JsonObject | None) -> bool:
-        if obj is None:
-            return False
-        namespace = self.target.namespace
-        return (not namespace or obj["metadata"].get("namespace") == namespace) and self.matches(
-            obj
-        )
 
 
 class ApiServer:
@@ -167,7 +132,7 @@ class ApiServer:
     def _admit(
         self, rt: ResourceType, obj: JsonObject, field_validation: str
     ) -> tuple[JsonObject, list[str]]:
-        obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
+        rt.stamp(obj)
         if rt.custom:
             return admit_custom(rt, obj, field_validation)
         return admit_builtin(rt, obj), []
@@ -338,7 +303,7 @@ class ApiServer:
         target = self._target(group, version, rest)
         method = request.method
         if target.name is None:
-            if method == "GET" and _is_true(request.query.get("watch")):
+            if method == "GET" and query.flag(request.query, "watch"):
                 return await self._watch(request, target)
             if method == "GET":
                 return self._list(request, target)
@@ -369,17 +334,11 @@ class ApiServer:
         fields = field_selector(request.query.get("fieldSelector"))
         return lambda obj: labels(obj) and fields(obj)
 
-    def _as_served(self, rt: ResourceType, obj: JsonObject) -> JsonObject:
-        obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
-        return obj
-
     def _list(self, request: web.Request, target: Target) -> web.Response:
         matches = self._filters(request)
         namespace = target.namespace if target.rt.namespaced and target.namespace else None
         items = [
-            self._as_served(target.rt, obj)
-            for obj in self.store.list(target.rt, namespace)
-            if matches(obj)
+            target.rt.stamp(obj) for obj in self.store.list(target.rt, namespace) if matches(obj)
         ]
         return self._render(request, target.rt, items, single=False)
 
@@ -391,7 +350,7 @@ class ApiServer:
             include = request.query.get("includeObject", "Metadata")
             return _json(tables.table(rt, objects, version, include))
         if single:
-            return _json(self._as_served(rt, objects[0]))
+            return _json(rt.stamp(objects[0]))
         return _json(
             {
                 "kind": f"{rt.kind}List",
@@ -402,94 +361,9 @@ class ApiServer:
         )
 
     async def _watch(self, request: web.Request, target: Target) -> web.StreamResponse:
-        query = request.query
-        since_text = query.get("resourceVersion", "")
-        stream = WatchStream(
-            target=target,
-            matches=self._filters(request),
-            deadline=time.monotonic()
-            + _number(query.get("timeoutSeconds") or str(DEFAULT_WATCH_TIMEOUT), "timeoutSeconds"),
-            bookmarks=_is_true(query.get("allowWatchBookmarks")),
-            initial_events=_is_true(query.get("sendInitialEvents")),
-            table_objects=query.get("includeObject", "Metadata")
-            if "as=Table" in request.headers.get("Accept", "")
-            else None,
-        )
-        if since_text in ("", "0") or stream.initial_events:
-            since = None
-        else:
-            since = int(_number(since_text, "resourceVersion"))
-        response = web.StreamResponse(headers={"Content-Type": "application/json"})
-        response.enable_chunked_encoding()
-        await response.prepare(request)
-        try:
-            watch = self.store.watch(target.rt, since)
-        except ApiError as error:
-            await self._send(response, {"type": "ERROR", "object": error.status()})
-            return response
-        try:
-            await self._stream(response, stream, watch.queue)
-        finally:
-            self.store.unwatch(watch)
-        return response
-
-    async def _stream(
-        self, response: web.StreamResponse, stream: WatchStream, queue: asyncio.Queue[Change]
-    ) -> None:
-        """Send changes until the deadline (then a bookmark if allowed) or the server stops."""
-        next_bookmark = time.monotonic() + BOOKMARK_INTERVAL
-        if stream.initial_events and stream.bookmarks:
-            for _ in range(queue.qsize()):
-                await self._send_change(response, stream, queue.get_nowait())
-            await self._send_bookmark(response, stream.target.rt, initial_events_end=True)
-        while not self.stopping.is_set():
-            remaining = stream.deadline - time.monotonic()
-            if remaining <= 0:
-                if stream.bookmarks:
-                    await self._send_bookmark(response, stream.target.rt)
-                return
-            try:
-                change = await asyncio.wait_for(queue.get(), timeout=min(remaining, 1.0))
-            except TimeoutError:
-                if stream.bookmarks and time.monotonic() >= next_bookmark:
-                    next_bookmark = time.monotonic() + BOOKMARK_INTERVAL
-                    await self._send_bookmark(response, stream.target.rt)
-                continue
-            await self._send_change(response, stream, change)
-
-    async def _send_change(
-        self, response: web.StreamResponse, stream: WatchStream, change: Change
-    ) -> None:
-        """An object entering the watched set is ADDED, one leaving it DELETED, as a real watch
-        with a selector reports them."""
-        now_in, was_in = stream.selects(change.object), stream.selects(change.old)
-        if change.type == "DELETED" or not now_in:
-            event_type = "DELETED" if was_in else None
-        else:
-            event_type = "MODIFIED" if was_in else "ADDED"
-        if event_type is None:
-            return
-        rt = stream.target.rt
-        obj = self._as_served(rt, copy.deepcopy(change.object))
-        if stream.table_objects is not None:
-            version = obj["metadata"]["resourceVersion"]
-            body = tables.table(rt, [obj], version, stream.table_objects)
-            await self._send(response, {"type": event_type, "object": body})
-        else:
-            await self._send(response, {"type": event_type, "object": obj})
-
-    async def _send_bookmark(
-        self, response: web.StreamResponse, rt: ResourceType, *, initial_events_end: bool = False
-    ) -> None:
-        meta: JsonObject = {"resourceVersion": str(self.store.resource_version)}
-        if initial_events_end:
-            meta["annotations"] = {"k8s.io/initial-events-end": "true"}
-        bookmark = {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": meta}
-        await self._send(response, {"type": "BOOKMARK", "object": bookmark})
-
-    @staticmethod
-    async def _send(response: web.StreamResponse, event: JsonObject) -> None:
-        await response.write(json.dumps(event).encode() + b"\n")
+        namespace = target.namespace if target.rt.namespaced else ""
+        watch = watch_request(request, target.rt, namespace, self._filters(request))
+        return await serve_watch(request, watch, self.store, self.stopping)
 
     # -- writes ---------------------------------------------------------------------------
 
@@ -538,7 +412,7 @@ class ApiServer:
         created, warnings = self.create(
             target.rt, obj, namespace=target.namespace, field_validation=validation, dry_run=dry_run
         )
-        return _json(self._as_served(target.rt, created), status=201, warnings=warnings)
+        return _json(target.rt.stamp(created), status=201, warnings=warnings)
 
     def _addressed(self, target: Target, obj: JsonObject) -> JsonObject:
         meta = obj.setdefault("metadata", {})
@@ -563,7 +437,7 @@ class ApiServer:
             field_validation=validation,
             dry_run=dry_run,
         )
-        return _json(self._as_served(target.rt, updated), warnings=warnings)
+        return _json(target.rt.stamp(updated), warnings=warnings)
 
     def _patched(
         self, rt: ResourceType, current: JsonObject | None, content_type: str, patch: Any
@@ -600,19 +474,19 @@ class ApiServer:
             created, warnings = self.create(
                 rt, obj, namespace=target.namespace, field_validation=validation, dry_run=dry_run
             )
-            return _json(self._as_served(rt, created), status=201, warnings=warnings)
-        current = self._as_served(rt, self.store.get(rt, target.namespace, target.name))
+            return _json(rt.stamp(created), status=201, warnings=warnings)
+        current = rt.stamp(self.store.get(rt, target.namespace, target.name))
         obj = self._addressed(target, self._patched(rt, current, content_type, patch))
         updated, warnings = self.update(
             rt, obj, subresource=target.subresource, field_validation=validation, dry_run=dry_run
         )
-        return _json(self._as_served(rt, updated), warnings=warnings)
+        return _json(rt.stamp(updated), warnings=warnings)
 
     async def _delete(self, request: web.Request, target: Target) -> web.Response:
         assert target.name is not None
         options = await self._body(request) or {}
         if "gracePeriodSeconds" in request.query:  # DeleteOptions may come as query parameters
-            grace = _number(request.query["gracePeriodSeconds"], "gracePeriodSeconds")
+            grace = query.number(request.query, "gracePeriodSeconds", 0)
             options["gracePeriodSeconds"] = int(grace)
         preconditions = options.get("preconditions") or {}
         dry_run = request.query.get("dryRun") == "All" or "All" in (options.get("dryRun") or [])
@@ -627,7 +501,7 @@ class ApiServer:
             grace_seconds=self._grace_seconds(target.rt, current, options),
             dry_run=dry_run,
         )
-        return _json(self._as_served(target.rt, obj), status=200 if removed else 202)
+        return _json(target.rt.stamp(obj), status=200 if removed else 202)
 
     @staticmethod
     def _grace_seconds(rt: ResourceType, current: JsonObject, options: JsonObject) -> int:
