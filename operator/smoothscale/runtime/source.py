@@ -51,7 +51,7 @@ from pyspark.sql.datasource import (
 )
 
 if TYPE_CHECKING:
-    import confluent_kafka
+    import confluent_kafka.admin
     import pyarrow
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming.datasource import ReadLimit
@@ -220,6 +220,10 @@ class SourceOptions:
             },
         )
 
+    def admin_config(self) -> dict[str, Any]:
+        """Settings of the client that asks for end offsets: passthrough, then ours."""
+        return {**self.kafka_config, "bootstrap.servers": self.bootstrap_servers}
+
     def consumer_config(self) -> dict[str, Any]:
         """Settings of every consumer the source makes: passthrough first, ours on top."""
         return {
@@ -274,7 +278,7 @@ class KafkaStreamReader(DataSourceStreamReader):
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
-        self._consumer: confluent_kafka.Consumer | None = None
+        self._admin: confluent_kafka.admin.AdminClient | None = None
 
     def initialOffset(self) -> dict[str, Any]:
         plan = self._plan()
@@ -321,9 +325,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         """Nothing to do: input positions are committed with each task's state, not here."""
 
     def stop(self) -> None:
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
+        self._admin = None
 
     def _plan(self) -> Plan:
         plan = read_plan(self.options.plan_path)
@@ -340,18 +342,35 @@ class KafkaStreamReader(DataSourceStreamReader):
         return plan
 
     def _end_offsets(self, names: Sequence[TopicPartitionName]) -> dict[TopicPartitionName, int]:
-        """Each partition's end offset now (the last stable offset, for read_committed)."""
-        from confluent_kafka import Consumer, TopicPartition
+        """Each partition's last stable offset now: the end of what read_committed can read.
 
-        if self._consumer is None:
-            self._consumer = Consumer(self.options.consumer_config())
+        One ListOffsets request per broker, whatever the number of partitions.
+        """
+        from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+        from confluent_kafka.admin import AdminClient
+        from confluent_kafka.admin._listoffsets import OffsetSpec  # its public re-export is untyped
+
+        if not names:
+            return {}
+        if self._admin is None:
+            self._admin = AdminClient(self.options.admin_config())
+        latest: OffsetSpec = OffsetSpec.latest()  # type: ignore[no-untyped-call]  # untyped upstream
+        requests = {TopicPartition(*parse_partition_name(name)): latest for name in names}
+        futures = self._admin.list_offsets(
+            requests,
+            isolation_level=IsolationLevel.READ_COMMITTED,
+            request_timeout=_METADATA_TIMEOUT_SECONDS,
+        )
         ends = {}
-        for name in names:
-            topic, partition = parse_partition_name(name)
-            _, high = self._consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=_METADATA_TIMEOUT_SECONDS, cached=False
-            )
-            ends[name] = high
+        for topic_partition, future in futures.items():
+            name = partition_name(topic_partition.topic, topic_partition.partition)
+            try:
+                ends[name] = future.result().offset
+            except KafkaException as error:
+                raise SourceError(
+                    f"cannot find the end offset of {name} on {self.options.bootstrap_servers}: "
+                    f"{error.args[0]} (does the partition exist?)"
+                ) from error
         return ends
 
 

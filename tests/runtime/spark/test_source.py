@@ -175,6 +175,15 @@ def test_a_range_ending_in_transaction_markers_is_read_without_waiting(
     assert elapsed < 25, f"the batch waited {elapsed:.1f} s for a marker that is never delivered"
 
 
+def test_a_planned_partition_that_does_not_exist_fails_the_query_with_a_clear_error(
+    topic: str, stream_factory
+) -> None:
+    stream = stream_factory(topic, {(topic, 0): 0, (topic, 7): 0})
+
+    with pytest.raises(Exception, match=f"cannot find the end offset of {topic}:7"):
+        stream.drain()
+
+
 def test_a_plan_outside_the_source_topics_fails_the_query_with_a_clear_error(
     topic: str, stream_factory
 ) -> None:
