@@ -119,6 +119,9 @@ class Instance:
         self._activating: dict[TaskId, _Activation] = {}
         self._released: dict[TaskId, TaskReport] = {}
         self._plan_starts: dict[tuple[str, int], int] = {}
+        self._activations: dict[tuple[str, int], int] = {}
+        """Per input partition, how often it was activated: the source restarts a partition
+        from its plan start whenever this changes, even at an unchanged start offset."""
         self._plan_version = 0
         self._last_report = 0.0
         self._restored_since: dict[TaskId, int] = {}
@@ -348,6 +351,7 @@ class Instance:
         self._active[task] = _Active(epoch, state, producer)
         for topic in self.config.input_topics:
             self._plan_starts[(topic, task)] = self._start_position(state, topic)
+            self._activations[(topic, task)] = self._activations.get((topic, task), 0) + 1
         self._write_plan()
         log.info("task %d active at epoch %d from %s", task, epoch, state.input_positions())
 
@@ -406,7 +410,10 @@ class Instance:
 
     def _write_plan(self) -> None:
         self._plan_version += 1
-        write_plan(self.plan_path, self._plan_starts, self._plan_version)
+        activations = {
+            partition: self._activations.get(partition, 0) for partition in self._plan_starts
+        }
+        write_plan(self.plan_path, self._plan_starts, self._plan_version, activations)
 
     def _count_restored(self, task: TaskId, records: int) -> None:
         self.metrics.count_restored(task, records)
