@@ -117,6 +117,15 @@ def test_wrong_types_skip_cel_rules_like_the_api_server() -> None:
     assert any("rules were not checked" in e.message for e in found)
 
 
+def test_a_schema_without_cel_rules_gets_no_note_about_skipped_rules() -> None:
+    plain = {
+        "type": "object",
+        "properties": {"spec": {"type": "object", "properties": {"size": {"type": "integer"}}}},
+    }
+    found = validate(plain, {"metadata": {"name": "t"}, "spec": {"size": "big"}})
+    assert found == [FieldError("spec.size", "must be an integer, not a string")]
+
+
 def test_cel_rules_see_defaults_and_report_at_their_field_path() -> None:
     assert errors(obj(size=11)) == {"spec.size": "must not exceed limit"}
     assert errors(obj(size=11, limit=20)) == {}

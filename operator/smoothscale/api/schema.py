@@ -582,6 +582,17 @@ _BLOCKING = frozenset(
 )
 
 
+def _has_rules(schema: Any) -> bool:
+    """Whether any node of `schema` carries x-kubernetes-validations."""
+    if isinstance(schema, Mapping):
+        return "x-kubernetes-validations" in schema or any(
+            _has_rules(node) for node in schema.values()
+        )
+    if isinstance(schema, list):
+        return any(_has_rules(node) for node in schema)
+    return False
+
+
 def validate(schema: Mapping[str, Any], obj: Any) -> list[FieldError]:
     """Every reason the API server would refuse `obj` under this CRD version's schema.
 
@@ -601,7 +612,7 @@ def validate(schema: Mapping[str, Any], obj: Any) -> list[FieldError]:
     errors.extend(_validate_object_meta(defaulted.get("metadata"), "metadata"))
     errors.extend(_validate_embedded_meta(schema, defaulted, ""))
     errors.extend(_validate_list_types(schema, defaulted, ""))
-    if blocking:
+    if blocking and _has_rules(schema):
         errors.append(
             FieldError(
                 "",
