@@ -39,7 +39,6 @@ def local_session(app_name: str, *, shuffle_partitions: int = 2) -> "SparkSessio
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.streaming.stopTimeout", "30s")
-        .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=WARN")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
