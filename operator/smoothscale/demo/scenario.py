@@ -318,38 +318,43 @@ def run(options: DemoOptions, out: TextIO) -> int:
             "from the root of a smoothscale checkout, or pass --examples-root"
         )
     with EmbeddedKafka(brokers=1) as kafka:
-        changelog = names.changelog_topic(APP_ID, STORE)
-        for topic in (INPUT_TOPIC, OUTPUT_TOPIC, changelog):
-            kafka.create_topic(topic, options.tasks)
-        kafka.create_topic(names.assignments_topic(APP_ID), 1)
-        kafka.create_topic(names.dead_letter_topic(APP_ID), 1)
-        say(f"embedded Kafka at {kafka.bootstrap_servers}; {options.tasks} tasks")
+        # Every client lives in _on_cluster's frame, so all are gone before the broker is.
+        return _on_cluster(options, kafka, say)
 
-        feed = InputFeed(kafka.bootstrap_servers, options.keys, options.rate)
-        feed.backlog(options.backlog)
-        say(f"produced a backlog of {options.backlog:,} records over {options.keys:,} users")
 
-        base = WorkerConfig(
-            app_id=APP_ID,
-            instance_id="template",
-            bootstrap_servers=kafka.bootstrap_servers,
-            input_topics=[INPUT_TOPIC],
-            output_topic=OUTPUT_TOPIC,
-            stores={STORE: None},
-            pipeline=PIPELINE,
-            trigger_interval=options.trigger_interval,
-            state_dir=options.workdir,
-        )
-        instances = LocalInstances(
-            base, options.workdir, {"PYTHONPATH": str(options.examples_root.resolve())}
-        )
-        conductor = LocalConductor(options, kafka, instances, say)
-        try:
-            return _story(options, kafka, feed, conductor, say)
-        finally:
-            feed.stop()
-            instances.stop_all(grace=30)
-            conductor.close()
+def _on_cluster(options: DemoOptions, kafka: EmbeddedKafka, say: Callable[[str], None]) -> int:
+    changelog = names.changelog_topic(APP_ID, STORE)
+    for topic in (INPUT_TOPIC, OUTPUT_TOPIC, changelog):
+        kafka.create_topic(topic, options.tasks)
+    kafka.create_topic(names.assignments_topic(APP_ID), 1)
+    kafka.create_topic(names.dead_letter_topic(APP_ID), 1)
+    say(f"embedded Kafka at {kafka.bootstrap_servers}; {options.tasks} tasks")
+
+    feed = InputFeed(kafka.bootstrap_servers, options.keys, options.rate)
+    feed.backlog(options.backlog)
+    say(f"produced a backlog of {options.backlog:,} records over {options.keys:,} users")
+
+    base = WorkerConfig(
+        app_id=APP_ID,
+        instance_id="template",
+        bootstrap_servers=kafka.bootstrap_servers,
+        input_topics=[INPUT_TOPIC],
+        output_topic=OUTPUT_TOPIC,
+        stores={STORE: None},
+        pipeline=PIPELINE,
+        trigger_interval=options.trigger_interval,
+        state_dir=options.workdir,
+    )
+    instances = LocalInstances(
+        base, options.workdir, {"PYTHONPATH": str(options.examples_root.resolve())}
+    )
+    conductor = LocalConductor(options, kafka, instances, say)
+    try:
+        return _story(options, kafka, feed, conductor, say)
+    finally:
+        feed.stop()
+        instances.stop_all(grace=30)
+        conductor.close()
 
 
 def _story(
