@@ -34,6 +34,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from smoothscale.kafka import names
 from smoothscale.tasks import TaskId, TaskRole
 
 GROUP = "smoothscale.io"
@@ -843,4 +844,4 @@ class StreamingApp(ApiModel):
 
 def application_id(app: StreamingApp) -> str:
     """The app's Kafka application id: spec.kafka.applicationId, else `<namespace>.<name>`."""
-    return app.spec.kafka.application_id or f"{app.namespace}.{app.name}"
+    return app.spec.kafka.application_id or names.default_application_id(app.namespace, app.name)
