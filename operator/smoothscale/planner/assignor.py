@@ -20,6 +20,7 @@ The moves are then the difference between the observed roles and that next assig
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -525,32 +526,48 @@ class _StandbyPlacement:
         return found
 
     def _make_room(self, unavailable: set[InstanceId]) -> InstanceId | None:
-        """Free a slot on an instance the task may use by moving another task's standby to an
-        instance with room that the task itself may not use (its owner, or a holder of it)."""
-        with_room = [i for i in self.view.kept if self._has_room(i)]
-        for instance in self.view.kept:
-            if instance in unavailable:
-                continue
+        """Free a slot the task may use by shifting other tasks' standbys along a chain
+        x0 -> x1 -> ... -> r that ends on an instance r with room (an augmenting path, found
+        breadth-first in id order): every instance the task may use is full, but one of them
+        can pass a standby on. Returns x0, or None when no chain exists."""
+        sources = [i for i in self.view.kept if i not in unavailable]
+        came_from: dict[InstanceId, tuple[InstanceId, TaskId] | None] = dict.fromkeys(sources)
+        queue = deque(sources)
+        while queue:
+            instance = queue.popleft()
             for other in self.placed[instance]:
                 if instance == self.target.owner[other] != self.owner[other]:
                     continue  # a replacement stays where it is
-                spot = next(
-                    (
-                        i
-                        for i in with_room
-                        if i != instance
-                        and i not in self.excluded[other]
-                        and i not in self.holders[other]
-                    ),
-                    None,
-                )
-                if spot is not None:
-                    self.holders[other].remove(instance)
-                    self.placed[instance].remove(other)
-                    self.count[instance] -= 1
-                    self._take(other, spot)
-                    return instance
+                for spot in self.view.kept:
+                    if (
+                        spot in came_from
+                        or spot in self.excluded[other]
+                        or spot in self.holders[other]
+                    ):
+                        continue
+                    came_from[spot] = (instance, other)
+                    if self._has_room(spot):
+                        return self._shift_along(spot, came_from)
+                    queue.append(spot)
         return None
+
+    def _shift_along(
+        self,
+        end: InstanceId,
+        came_from: dict[InstanceId, tuple[InstanceId, TaskId] | None],
+    ) -> InstanceId:
+        """Move each standby of the chain one step towards `end`; return the freed start."""
+        spot = end
+        step = came_from[spot]
+        while step is not None:
+            instance, other = step
+            self.holders[other].remove(instance)
+            self.placed[instance].remove(other)
+            self.count[instance] -= 1
+            self._take(other, spot)
+            spot = instance
+            step = came_from[spot]
+        return spot
 
 
 def _assemble(
@@ -689,13 +706,13 @@ def _drained(view: _View, assignment: dict[InstanceId, dict[TaskId, TaskRole]]) 
     return moves
 
 
-_KIND_ORDER = {kind: rank for rank, kind in enumerate(MoveKind)}
+_KIND_ORDER = {kind.value: rank for rank, kind in enumerate(MoveKind)}
 
 
 def _move_order(move: Move) -> tuple[int, int, str]:
     task = -1 if move.task is None else move.task
     instance = move.destination or move.source or ""
-    return (_KIND_ORDER[move.kind], task, instance)
+    return (_KIND_ORDER[move.kind.value], task, instance)
 
 
 def _stop_everything(view: _View) -> Plan:
