@@ -114,8 +114,8 @@ class Plan:
     assignment: Mapping[InstanceId, Mapping[TaskId, TaskRole]]
     """Every live instance, with the tasks it holds after the moves (empty if none)."""
     moves: tuple[Move, ...]
-    """Failovers and hand-overs first, then replicas started, then replicas dropped, then
-    drained instances; each group ordered by task id, then instance id."""
+    """In the order of MoveKind (failovers, hand-overs, releases, replicas started, replicas
+    dropped, drained instances), then by task id, then instance id."""
     target: Mapping[TaskId, InstanceId]
     """The balanced owner each task converges to (only tasks that have a kept instance)."""
     unassigned: tuple[TaskId, ...]
