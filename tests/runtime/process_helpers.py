@@ -74,8 +74,16 @@ class WorkerProcess:
             self.process.wait(10)
 
     def wait(self, timeout: float) -> int:
+        """The exit code; if the worker has not exited in time, fail with its threads' stacks."""
         assert self.process is not None
-        return self.process.wait(timeout)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(self.pid, signal.SIGUSR1)
+            time.sleep(2)
+            raise AssertionError(
+                f"{self.config.instance_id} did not exit within {timeout} s:\n{self.log()[-12000:]}"
+            ) from None
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

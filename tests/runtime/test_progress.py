@@ -28,7 +28,14 @@ def test_reports_round_trip_and_lag_is_end_minus_restore_position(
 
     warmup = TaskReport(0, ReportedRole.WARMUP, epoch=3, generation=7, positions={"counts": 70})
     released = TaskReport(1, ReportedRole.RELEASED, epoch=2, generation=7, positions={"counts": 40})
-    active = TaskReport(0, ReportedRole.ACTIVE, epoch=3, generation=7, positions={"counts": 100})
+    active = TaskReport(
+        0,
+        ReportedRole.ACTIVE,
+        epoch=3,
+        generation=7,
+        positions={"counts": 100},
+        input_positions={"clicks": 4242},
+    )
     for instance, reports in (("pod-a", [warmup, released]), ("pod-b", [active])):
         committer = ProgressCommitter(embedded_kafka.bootstrap_servers, app, instance, stores)
         committer.commit(reports)
@@ -45,6 +52,7 @@ def test_reports_round_trip_and_lag_is_end_minus_restore_position(
     assert progress[("pod-a", 1)].report.role is ReportedRole.RELEASED
     assert progress[("pod-a", 1)].lag == 0
     assert progress[("pod-b", 0)].lag == 0
+    assert progress[("pod-b", 0)].report == active, "an active's input position round-trips"
 
 
 def test_a_newer_report_replaces_the_older_one(embedded_kafka: EmbeddedKafka) -> None:

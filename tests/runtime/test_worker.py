@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from smoothscale.kafka.assignments import Assignment, AssignmentWriter, TaskAssignment
 from smoothscale.kafka.embedded import EmbeddedKafka
@@ -29,6 +29,7 @@ from tests.runtime.instance_helpers import (
     produce_users,
     users_batch,
 )
+from tests.runtime.kafka_helpers import read_committed
 from tests.runtime.process_helpers import WorkerProcess, wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -117,6 +118,10 @@ def test_warm_up_catches_up_then_hand_over_keeps_the_state_exact_and_sigterm_rel
     operator.write("pod-b", Assignment(generation=1))
     produced = users_batch(3000)
     produce_users(config, produced[:1000])
+    bad = Producer({"bootstrap.servers": config.bootstrap_servers})
+    for n in range(6):
+        bad.produce(config.input_topics[0], key=b"x", value=b"{not json", partition=n % 2)
+    bad.flush(10)
     a = WorkerProcess(for_instance(config, "pod-a")).start()
     b = WorkerProcess(for_instance(config, "pod-b")).start()
     workers = [a, b]
@@ -142,6 +147,7 @@ def test_warm_up_catches_up_then_hand_over_keeps_the_state_exact_and_sigterm_rel
             )
             # Revoke from pod-a; it releases at a batch boundary with its final offsets.
             operator.write("pod-a", Assignment(generation=3, tasks={0: active(1)}))
+            revoked = time.monotonic()
 
             def released() -> dict[str, int] | None:
                 report = reader.reports("pod-a", PARTITIONS).get(1)
@@ -161,10 +167,14 @@ def test_warm_up_catches_up_then_hand_over_keeps_the_state_exact_and_sigterm_rel
                 "pod-b to activate task 1",
                 workers,
             )
+            print(
+                f"hand-over: task 1 active at pod-b {time.monotonic() - revoked:.1f} s after revoke"
+            )
         wait_until(lambda: processed_everything(config), 60, "the rest of the input", workers)
 
         metrics = a.metrics()
         assert 'smoothscale_records_processed_total{task="0"}' in metrics
+        assert 'smoothscale_dead_letters_total{reason="malformed-json"} 6.0' in metrics
         assert "smoothscale_batch_duration_seconds_count" in metrics
         # SIGTERM: both finish their batch, release everything and exit within the grace period.
         started = time.monotonic()
@@ -182,12 +192,13 @@ def test_warm_up_catches_up_then_hand_over_keeps_the_state_exact_and_sigterm_rel
         operator.close()
         reader.close()
     assert_exactly_once(config, produced, tmp_path)
+    dead = read_committed(config.bootstrap_servers, config.dead_letters(), PARTITIONS)
+    assert sorted(m.value() for m in dead) == [b"{not json"] * 6
+    assert {dict(m.headers() or [])["smoothscale.reason"] for m in dead} == {b"malformed-json"}
 
 
 def outputs_by_epoch(config: WorkerConfig) -> dict[str, dict[int, list[int]]]:
     """Per user, the totals emitted per writer epoch, in order (read_committed)."""
-    from tests.runtime.kafka_helpers import read_committed
-
     emitted: dict[str, dict[int, list[int]]] = {}
     for message in read_committed(config.bootstrap_servers, config.output_topic, PARTITIONS):
         headers = dict(message.headers() or [])

@@ -2,8 +2,9 @@
 
 Each instance commits, in its own consumer group `<appId>-instance-<instanceId>`, one offset
 per changelog partition it holds: the next changelog offset it has applied to its local store
-(its restore position), with the commit metadata `{"role", "epoch", "generation"}` as JSON
-(docs/architecture.md, "The report channel"; docs/decisions/report-channel.md says why).
+(its restore position), with the commit metadata `{"role", "epoch", "generation"}` as JSON,
+plus `"input": {"<topic>": <next offset>}` for an active task (docs/architecture.md, "The
+report channel"; docs/decisions/report-channel.md says why).
 
 The operator reads every instance's reports with one OffsetFetch per instance and the changelog
 end offsets with one ListOffsets request for all partitions, so a poll costs O(instances)
@@ -49,12 +50,18 @@ class TaskReport:
     generation: int
     positions: Mapping[str, int]
     """Per state store, the next changelog offset applied to the local store."""
+    input_positions: Mapping[str, int] | None = None
+    """For an active task: per input topic, the next input offset (from its state)."""
 
     def metadata(self) -> str:
-        return json.dumps(
-            {"role": self.role.value, "epoch": self.epoch, "generation": self.generation},
-            separators=(",", ":"),
-        )
+        fields: dict[str, object] = {
+            "role": self.role.value,
+            "epoch": self.epoch,
+            "generation": self.generation,
+        }
+        if self.input_positions is not None:
+            fields["input"] = dict(self.input_positions)
+        return json.dumps(fields, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -123,12 +130,16 @@ def parse_report(
         return None
     try:
         fields = json.loads(metadata)
+        inputs = fields.get("input")
         return TaskReport(
             task=task,
             role=ReportedRole(fields["role"]),
             epoch=int(fields["epoch"]),
             generation=int(fields["generation"]),
             positions=dict(positions),
+            input_positions=None
+            if inputs is None
+            else {str(topic): int(offset) for topic, offset in inputs.items()},
         )
     except (ValueError, KeyError, TypeError):
         return None

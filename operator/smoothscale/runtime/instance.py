@@ -56,6 +56,10 @@ DeadLetterSender = Callable[[Producer, list[Any]], int]
 """Queues a task's bad rows on the task's producer (inside its transaction); returns how many."""
 
 
+TICK_LOCK_SECONDS = 0.5
+"""How long a tick waits for the micro-batch in flight before trying again later."""
+
+
 class StaleAssignmentError(RuntimeError):
     """An assignment gives this instance a task at an epoch older than its changelog shows."""
 
@@ -153,22 +157,29 @@ class Instance:
         self.tick()
 
     def tick(self) -> None:
-        """Called between micro-batches: apply a new assignment, activate caught-up tasks,
-        report progress. Never runs during a batch."""
+        """Called often by one thread (the worker's main thread): between micro-batches, apply
+        a new assignment, activate caught-up tasks, report progress. Never runs during a batch:
+        if one is in flight, it returns and the next call does the work."""
         if self._restore.error is not None:
             raise RuntimeError("the restore loop failed") from self._restore.error
         newest = self._follower.poll(timeout=0)
-        with self.lock:
+        if newest is not None:
+            self._pending = newest
+        # A batch in flight holds the lock: try again at the next tick rather than queue up
+        # behind it, so the caller stays responsive (SIGTERM).
+        if not self.lock.acquire(timeout=TICK_LOCK_SECONDS):
+            return
+        try:
             if self.stopping:
                 return
-            if newest is not None:
-                self._pending = newest
             if self._pending is not None:
                 assignment, self._pending = self._pending, None
                 self._apply(assignment)
             self._activate_caught_up()
             if time.monotonic() - self._last_report >= self.config.report_interval:
                 self._report()
+        finally:
+            self.lock.release()
 
     def shutdown(self, timeout: float) -> bool:
         """Release every task and close everything. Waits up to `timeout` for a batch in
@@ -426,10 +437,16 @@ class Instance:
         self._last_report = now
         generation = self.assignment.generation
         reports: list[TaskReport] = list(self._released.values())
+        inputs = self.config.input_topics
         for task, active in self._active.items():
             reports.append(
                 TaskReport(
-                    task, ReportedRole.ACTIVE, active.epoch, generation, active.state.positions()
+                    task,
+                    ReportedRole.ACTIVE,
+                    active.epoch,
+                    generation,
+                    active.state.positions(),
+                    {topic: self._input_position(active.state, topic) for topic in inputs},
                 )
             )
         wanted = self.assignment.tasks

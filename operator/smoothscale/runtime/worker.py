@@ -12,6 +12,7 @@ the instance, which commits one transaction per task. The Spark checkpoint is no
 truth (input positions live in each task's state), so every run gets a fresh one.
 """
 
+import faulthandler
 import logging
 import shutil
 import signal
@@ -208,3 +209,5 @@ def _on_signals(stop: threading.Event) -> None:
 
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
+    # `kill -USR1 <pid>` prints every thread's stack to stderr, to see what a stuck worker does.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
