@@ -37,6 +37,10 @@ def warmup(epoch: int) -> TaskAssignment:
     return TaskAssignment(role=TaskRole.WARMUP, epoch=epoch)
 
 
+def role(name: TaskRole, epoch: int) -> TaskAssignment:
+    return TaskAssignment(role=name, epoch=epoch)
+
+
 def ticked(instance: Instance) -> Instance:
     instance.tick()
     return instance
@@ -140,3 +144,85 @@ def test_an_unfenced_zombie_owner_cannot_corrupt_the_state(
             }
         finally:
             fresh.close()
+
+
+def test_shutdown_releases_every_active_task_with_its_final_offsets(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    config = app_config(embedded_kafka, tmp_path)
+    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    operator.write("pod-a", Assignment(generation=1, tasks={0: active(1), 1: active(1)}))
+    produce_users(config, users_batch(40))
+    reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
+    with running(for_instance(config, "pod-a")) as a:
+        feed(a)
+        while_active = reader.reports("pod-a", PARTITIONS)
+    operator.close()
+    try:
+        reports = reader.reports("pod-a", PARTITIONS)
+    finally:
+        reader.close()
+    for task in range(PARTITIONS):
+        assert while_active[task].role is ReportedRole.ACTIVE
+        assert reports[task].role is ReportedRole.RELEASED
+        assert reports[task].positions == while_active[task].positions
+        assert reports[task].positions[STORE] > 0
+
+
+def test_an_assignment_older_than_the_changelog_epoch_is_not_activated(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    config = app_config(embedded_kafka, tmp_path)
+    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    operator.write("pod-a", Assignment(generation=1, tasks={0: active(5)}))
+    with running(for_instance(config, "pod-a")) as a:
+        assert a.active_tasks() == {0: 5}
+    # A stale operator hands the task to pod-b at an epoch below the one in the changelog.
+    operator.write("pod-b", Assignment(generation=2, tasks={0: active(4)}))
+    with running(for_instance(config, "pod-b")) as b:
+        for _ in range(10):
+            b.tick()
+        assert b.active_tasks() == {}
+    operator.close()
+
+
+def test_a_released_task_kept_as_standby_follows_the_new_owner(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    config = app_config(embedded_kafka, tmp_path)
+    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    operator.write("pod-a", Assignment(generation=1, tasks={0: active(1)}))
+    operator.write("pod-b", Assignment(generation=1))
+    produced = [user for user in users_batch(300) if user_partition(user) == 0]
+    produce_users(config, produced[:50])
+    reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
+    with running(for_instance(config, "pod-a")) as a, running(for_instance(config, "pod-b")) as b:
+        while feed(a):
+            pass
+        operator.write("pod-a", Assignment(generation=2, tasks={0: role(TaskRole.STANDBY, 1)}))
+        wait_for(lambda: ticked(a).active_tasks() == {}, 10, "the release")
+        released = reader.reports("pod-a", PARTITIONS)[0]
+        assert released.role is ReportedRole.RELEASED
+        operator.write(
+            "pod-b", Assignment(generation=3, tasks={0: active(2, dict(released.positions))})
+        )
+        wait_for(lambda: ticked(b).active_tasks() == {0: 2}, 10, "the activation")
+        produce_users(config, produced[50:])
+        while feed(b):
+            pass
+
+        def standby_caught_up() -> bool:
+            a.tick()
+            progress = reader.read(["pod-a"], PARTITIONS).get(("pod-a", 0))
+            return (
+                progress is not None
+                and progress.report.role is ReportedRole.STANDBY
+                and progress.lag == 0
+            )
+
+        operator.write("pod-a", Assignment(generation=4, tasks={0: role(TaskRole.STANDBY, 2)}))
+        wait_for(standby_caught_up, 10, "pod-a's standby to follow pod-b")
+        expected = b.state_snapshot(0)
+    reader.close()
+    operator.close()
+    assert expected == dict(Counter(produced))

@@ -34,6 +34,7 @@ class WorkerConfig(BaseModel):
     app_id: str = Field(min_length=1, description="The application id all Kafka names derive from.")
     instance_id: str = Field(
         default_factory=_instance_id_from_env,
+        validate_default=True,
         description="This instance's id (its pod name); defaults to $POD_NAME.",
     )
     bootstrap_servers: str = Field(min_length=1)
