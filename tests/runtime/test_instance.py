@@ -226,3 +226,37 @@ def test_a_released_task_kept_as_standby_follows_the_new_owner(
     reader.close()
     operator.close()
     assert expected == dict(Counter(produced))
+
+
+def test_a_report_kafka_refuses_does_not_stop_processing_and_is_sent_again(
+    kafka_cluster: EmbeddedKafka, tmp_path: Path
+) -> None:
+    config = app_config(kafka_cluster, tmp_path)
+    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    operator.write("pod-a", Assignment(generation=1, tasks={0: active(1), 1: active(1)}))
+    produced = users_batch(60)
+    produce_users(config, produced[:30])
+    reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
+    with running(for_instance(config, "pod-a")) as a:
+        offset_commit, group_authorization_failed = 8, 30
+        kafka_cluster.push_request_errors(offset_commit, [group_authorization_failed] * 3)
+        assert feed(a) == 30, "the batch commits although its reports are refused"
+        produce_users(config, produced[30:])
+        while feed(a):
+            pass
+        state = {**a.state_snapshot(0), **a.state_snapshot(1)}
+        counts = Counter(user_partition(user) for user in produced)
+
+        def reported_everything() -> bool:
+            a.tick()
+            reports = reader.reports("pod-a", PARTITIONS)
+            return all(
+                task in reports
+                and reports[task].input_positions == {config.input_topics[0]: counts[task]}
+                for task in range(PARTITIONS)
+            )
+
+        wait_for(reported_everything, 10, "the reports to get through")
+    reader.close()
+    operator.close()
+    assert state == dict(Counter(produced))

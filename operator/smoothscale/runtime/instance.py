@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import KafkaException, Producer, TopicPartition
 
 from smoothscale.kafka.assignments import Assignment, AssignmentFollower, describe
 from smoothscale.kafka.progress import (
@@ -244,7 +244,7 @@ class Instance:
                     committed[(topic, task)] = offset
             if committed:
                 self._report(with_input_lag=False)
-                self._inputs.commit(committed)
+                self._best_effort("commit the input positions", self._inputs.commit, committed)
 
     def _commit_task(self, task: TaskId, batch: BatchInput) -> None:
         active = self._active[task]
@@ -390,7 +390,7 @@ class Instance:
             active.state.positions(),
         )
         self._released[task] = report
-        self._reports.commit([report])
+        self._best_effort("report the release", self._reports.commit, [report])
         self.metrics.forget_task(task)
         log.info("task %d released at %s", task, report.positions)
         return active.state
@@ -463,9 +463,19 @@ class Instance:
             )
             self.metrics.set_lag(task, role, lags.get(task, 0))
             self.metrics.set_restore_rate(task, restored.get(task, 0) / elapsed)
-        self._reports.commit(reports)
+        self._best_effort("commit the progress reports", self._reports.commit, reports)
         if with_input_lag:
-            self._set_input_lags(self._active)
+            self._best_effort("measure the input lag", self._set_input_lags, self._active)
+
+    @staticmethod
+    def _best_effort(what: str, action: Callable[[Any], None], argument: Any) -> None:
+        """Reports and lag are repeated every report_interval: a failure to send one (broker
+        briefly away) is logged, and the next report carries the same facts again (a release
+        is reported again until the next assignment)."""
+        try:
+            action(argument)
+        except KafkaException as error:
+            log.warning("could not %s: %s", what, error)
 
     def _set_input_lags(self, active: Mapping[TaskId, _Active]) -> None:
         for task, held in active.items():
