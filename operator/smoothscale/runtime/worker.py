@@ -24,7 +24,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from smoothscale.runtime.config import WorkerConfig
-from smoothscale.runtime.instance import BatchInput, Instance
+from smoothscale.runtime.instance import BatchInput, DeadLetterSender, Instance
 from smoothscale.runtime.metrics import InstanceMetrics, start_http_server
 from smoothscale.runtime.pipeline import Pipeline, load_pipeline
 
@@ -122,7 +122,9 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _dead_letter_sender(topic: str) -> "Any":
+def dead_letter_sender(topic: str) -> DeadLetterSender:
+    """Queues a task's bad rows to `topic` on the task's producer, inside its transaction."""
+
     def send(producer: "Producer", rows: "list[Row]") -> int:
         from smoothscale.runtime.decode import send_dead_letters
 
@@ -148,7 +150,7 @@ def run_worker(config: WorkerConfig) -> int:
         pipeline,
         metrics,
         config.state_dir / "plan.json",
-        _dead_letter_sender(config.dead_letters()),
+        dead_letter_sender(config.dead_letters()),
     )
     stop = threading.Event()
     query = None
