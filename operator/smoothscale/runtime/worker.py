@@ -17,7 +17,6 @@ import logging
 import shutil
 import signal
 import tempfile
-import threading
 import time
 from collections.abc import Mapping
 from types import FrameType
@@ -152,13 +151,14 @@ def run_worker(config: WorkerConfig) -> int:
         config.state_dir / "plan.json",
         dead_letter_sender(config.dead_letters()),
     )
-    stop = threading.Event()
+    stop = StopRequest()
+    stop.install()
     query = None
     spark = None
     try:
         instance.start()
         spark = local_session(f"smoothscale-{config.app_id}-{config.instance_id}")
-        _on_signals(stop)
+        stop.install()  # again: PySpark installs its own SIGINT handler
         reader = (
             spark.readStream.format("smoothscale-kafka")
             .option("bootstrap.servers", config.bootstrap_servers)
@@ -177,12 +177,12 @@ def run_worker(config: WorkerConfig) -> int:
         )
         metrics.set_ready(True)
         log.info("instance %s ready", config.instance_id)
-        while not stop.is_set():
+        while stop.signal is None:
             if not query.isActive:
                 raise RuntimeError(f"the streaming query stopped: {query.exception()}")
             instance.tick()
-            stop.wait(TICK_SECONDS)
-        log.info("instance %s stopping", config.instance_id)
+            time.sleep(TICK_SECONDS)
+        log.info("instance %s stopping on %s", config.instance_id, stop.signal)
     finally:
         metrics.set_ready(False)
         released = instance.shutdown(config.shutdown_timeout)
@@ -201,15 +201,22 @@ def run_worker(config: WorkerConfig) -> int:
     return 0
 
 
-def _on_signals(stop: threading.Event) -> None:
-    """SIGTERM (Kubernetes) and SIGINT stop the worker gracefully. Installed after the Spark
-    session starts, as PySpark installs its own SIGINT handler."""
+class StopRequest:
+    """SIGTERM (Kubernetes) and SIGINT ask the worker to stop gracefully.
 
-    def handle(signum: int, _frame: FrameType | None) -> None:
-        log.info("received %s", signal.Signals(signum).name)
-        stop.set()
+    The handler only records the signal: it runs in the main thread between two bytecodes,
+    possibly while that thread holds a lock (an Event's, a logging handler's), so taking any
+    lock there can deadlock the process. The main loop polls `signal` instead.
+    """
 
-    signal.signal(signal.SIGTERM, handle)
-    signal.signal(signal.SIGINT, handle)
-    # `kill -USR1 <pid>` prints every thread's stack to stderr, to see what a stuck worker does.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    def __init__(self) -> None:
+        self.signal: str | None = None
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
+        # `kill -USR1 <pid>` prints every thread's stack to stderr (what is a stuck worker doing?).
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        self.signal = signal.Signals(signum).name
