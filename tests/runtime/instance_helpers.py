@@ -77,7 +77,7 @@ def users_batch(n: int, start: int = 0) -> list[str]:
 def running(config: WorkerConfig) -> Iterator[Instance]:
     instance = Instance(config, running_count(), InstanceMetrics(), config.state_dir / "plan.json")
     config.state_dir.mkdir(parents=True, exist_ok=True)
-    instance.start(first_assignment_timeout=0.5)
+    instance.start(first_assignment_timeout=5)
     try:
         yield instance
     finally:

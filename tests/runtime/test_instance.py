@@ -238,6 +238,7 @@ def test_a_report_kafka_refuses_does_not_stop_processing_and_is_sent_again(
     produce_users(config, produced[:30])
     reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
     with running(for_instance(config, "pod-a")) as a:
+        wait_for(lambda: ticked(a).active_tasks() == {0: 1, 1: 1}, 10, "the activation")
         offset_commit, group_authorization_failed = 8, 30
         kafka_cluster.push_request_errors(offset_commit, [group_authorization_failed] * 3)
         assert feed(a) == 30, "the batch commits although its reports are refused"
