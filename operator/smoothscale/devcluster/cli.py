@@ -55,9 +55,9 @@ def _register_up(parts: "Subparsers[argparse.ArgumentParser]") -> None:
     up.add_argument(
         "--crds",
         type=Path,
-        default=Path("crds"),
         metavar="DIR",
-        help="install the CRDs in this directory (default: %(default)s)",
+        help="install the CRDs in the YAML files of this directory instead of smoothscale's "
+        "own (default: the StreamingApp CRD, generated from the models)",
     )
     up.add_argument("--api-port", type=int, default=0, help="API server port (default: a free one)")
     _topic_arguments(up)
@@ -183,13 +183,12 @@ def _run_up(args: argparse.Namespace) -> int:
         return _fail("up", error)
     if args.brokers < 1:
         return _fail("up", f"--brokers must be at least 1, got {args.brokers}")
-    crd_dir = args.crds if args.crds.is_dir() else None
-    if crd_dir is None:
-        print(f"note: no CRD directory {args.crds}; no CRDs installed (see --crds)")
+    if args.crds is not None and not args.crds.is_dir():
+        return _fail("up", f"--crds {args.crds}: no such directory")
     try:
         info = up(
             _state_dir(args),
-            crd_dir=crd_dir,
+            crd_dir=args.crds,
             topics=topics,
             brokers=args.brokers,
             api_port=args.api_port,

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -23,6 +23,7 @@ from typing import Any, Self, TypeVar
 
 import yaml
 
+from smoothscale.api.crd import custom_resource_definition
 from smoothscale.devcluster.kafka import TopicSpec
 from smoothscale.devcluster.kubeapi import KubeApi, KubeApiError
 
@@ -130,7 +131,11 @@ def down(state_dir: Path, timeout: float = 15.0) -> list[str]:
 
 
 class LocalStack:
-    """Starts the three parts as processes and stops them again (a context manager)."""
+    """Starts the three parts as processes and stops them again (a context manager).
+
+    It installs smoothscale's own CRD, generated from the models (so always current), or the
+    CRDs in the YAML files of `crd_dir` instead.
+    """
 
     def __init__(
         self,
@@ -223,8 +228,10 @@ class LocalStack:
         write_kubeconfig(kubeconfig, api_url)
         api = KubeApi.from_kubeconfig(kubeconfig)
         try:
-            if self.crd_dir is not None:
-                install_crds(api, self.crd_dir)
+            if self.crd_dir is None:
+                install_crds(api, [("smoothscale", custom_resource_definition())])
+            else:
+                install_crds(api, crd_documents(self.crd_dir))
             self._spawn(
                 "kubelet",
                 [
@@ -296,28 +303,39 @@ def _node_ready(api: KubeApi, node_name: str) -> bool | None:
     return True if ready else None
 
 
-def install_crds(api: KubeApi, crd_dir: Path) -> list[str]:
-    """Create (or replace) every CustomResourceDefinition in the YAML files of `crd_dir`, and
-    wait until each is Established; returns their names."""
-    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+def crd_documents(crd_dir: Path) -> list[tuple[str, dict[str, Any]]]:
+    """Every CustomResourceDefinition in the YAML files of `crd_dir`, with the file it is in."""
     files = sorted(crd_dir.glob("*.yaml")) + sorted(crd_dir.glob("*.yml"))
     if not files:
         raise StackError(f"no CRD YAML files in {crd_dir}: run `smoothscale crd` to write them")
+    return [
+        (str(file), document)
+        for file in files
+        for document in yaml.safe_load_all(file.read_text())
+        if document and document.get("kind") == "CustomResourceDefinition"
+    ]
+
+
+def install_crds(api: KubeApi, documents: Iterable[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Create (or replace) each CustomResourceDefinition (given with where it comes from), and
+    wait until each is Established; returns their names."""
+    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
     names = []
-    for file in files:
-        for document in yaml.safe_load_all(file.read_text()):
-            if not document or document.get("kind") != "CustomResourceDefinition":
-                continue
-            name = document["metadata"]["name"]
-            try:
-                api.request("POST", path, body=document)
-            except KubeApiError as error:
-                if error.status != 409:
-                    raise StackError(f"cannot install CRD {name} from {file}: {error}") from error
-                current = api.request("GET", f"{path}/{name}")
-                document["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-                api.request("PUT", f"{path}/{name}", body=document)
-            names.append(name)
+    for source, document in documents:
+        name = document["metadata"]["name"]
+        try:
+            api.request("POST", path, body=document)
+        except KubeApiError as error:
+            if error.status != 409:
+                raise StackError(f"cannot install CRD {name} from {source}: {error}") from error
+            current = api.request("GET", f"{path}/{name}")
+            version = current["metadata"]["resourceVersion"]
+            replacement = {
+                **document,
+                "metadata": {**document["metadata"], "resourceVersion": version},
+            }
+            api.request("PUT", f"{path}/{name}", body=replacement)
+        names.append(name)
     deadline = time.monotonic() + 10
     for name in names:
         while not _established(api.request("GET", f"{path}/{name}")):
