@@ -16,9 +16,11 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from smoothscale.kafka.assignments import Assignment, AssignmentWriter, TaskAssignment
 from smoothscale.kafka.embedded import EmbeddedKafka
 from smoothscale.kafka.progress import InputPositionCommitter, ProgressReader, ReportedRole
+from smoothscale.runtime.changelog import data_record, epoch_marker, input_position_record
 from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.restore import catch_up
 from smoothscale.runtime.store import TaskState
+from smoothscale.runtime.transactions import TaskProducer
 from smoothscale.tasks import TaskRole
 from tests.runtime.instance_helpers import (
     PARTITIONS,
@@ -289,3 +291,35 @@ def test_a_standby_takes_over_when_its_owner_is_killed_mid_batch_losing_and_doub
         # batch pod-a was committing when it was killed may repeat what pod-b emits.
         repeated = [total for total in before if after and total >= after[0]]
         assert len(repeated) <= 1, f"{user}: {before} then {after}"
+
+
+def test_a_warm_up_reports_itself_caught_up_while_spark_is_still_starting(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    config = app_config(embedded_kafka, tmp_path)
+    owner = TaskProducer(config, task=0, epoch=1)
+    try:
+        owner.commit({STORE: [epoch_marker(1, "owner")]})
+        for batch in range(20):
+            records = [data_record(f"user-{key}", batch + 1, 1) for key in range(100)]
+            records.append(input_position_record({config.input_topics[0]: batch + 1}, 1))
+            owner.commit({STORE: records})
+    finally:
+        owner.close()
+    writer = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    writer.write("warm", Assignment(generation=1, tasks={0: role(TaskRole.WARMUP, 1)}))
+    writer.close()
+    reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
+    worker = WorkerProcess(for_instance(config, "warm")).start()
+    try:
+
+        def caught_up() -> bool:
+            progress = reader.read(["warm"], PARTITIONS).get(("warm", 0))
+            return progress is not None and progress.lag == 0
+
+        wait_until(caught_up, timeout=120, what="the warm-up's report", workers=[worker])
+        assert not worker.ready(), "the report came only once Spark was up"
+        wait_until(worker.ready, timeout=120, what="the worker to be ready", workers=[worker])
+    finally:
+        reader.close()
+        worker.stop()

@@ -17,8 +17,10 @@ import logging
 import shutil
 import signal
 import tempfile
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +31,8 @@ from smoothscale.runtime.pipeline import Pipeline, load_pipeline
 
 if TYPE_CHECKING:
     from confluent_kafka import Producer
-    from pyspark.sql import Column, DataFrame, Row
+    from pyspark.sql import Column, DataFrame, Row, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger(__name__)
 
@@ -134,8 +137,6 @@ def dead_letter_sender(topic: str) -> DeadLetterSender:
 
 def run_worker(config: WorkerConfig) -> int:
     """Run the instance until SIGTERM (or SIGINT); returns the process exit code."""
-    from smoothscale.runtime.spark import local_session
-
     pipeline = load_pipeline(config.pipeline)
     metrics = InstanceMetrics()
     server = start_http_server(config.metrics_port, metrics)
@@ -153,28 +154,13 @@ def run_worker(config: WorkerConfig) -> int:
     )
     stop = StopRequest()
     stop.install()
-    query = None
-    spark = None
+    spark: SparkSession | None = None
+    query: StreamingQuery | None = None
     try:
         instance.start()
-        spark = local_session(f"smoothscale-{config.app_id}-{config.instance_id}")
+        with _ticking(instance):
+            spark, query = _start_query(config, instance, pipeline, metrics, checkpoint)
         stop.install()  # again: PySpark installs its own SIGINT handler
-        reader = (
-            spark.readStream.format("smoothscale-kafka")
-            .option("bootstrap.servers", config.bootstrap_servers)
-            .option("topics", ",".join(config.input_topics))
-            .option("plan.path", str(instance.plan_path))
-            .option("max.records.per.partition", str(config.max_records_per_partition))
-        )
-        for name, value in config.kafka_config.items():
-            reader = reader.option(f"kafka.{name}", value)
-        query = (
-            reader.load()
-            .writeStream.foreachBatch(MicroBatch(instance, pipeline, metrics))
-            .trigger(processingTime=f"{config.trigger_interval} seconds")
-            .option("checkpointLocation", checkpoint)
-            .start()
-        )
         metrics.set_ready(True)
         log.info("instance %s ready", config.instance_id)
         while stop.signal is None:
@@ -199,6 +185,63 @@ def run_worker(config: WorkerConfig) -> int:
         shutil.rmtree(checkpoint, ignore_errors=True)
     log.info("instance %s stopped", config.instance_id)
     return 0
+
+
+@contextmanager
+def _ticking(instance: Instance) -> Iterator[None]:
+    """Tick the instance from a helper thread while the main thread is busy starting Spark
+    (10-35 s): warm-ups and standbys restore, take new assignments and report their progress
+    from the first second on, which is the point of warming up while the old owner processes.
+    Only one thread ticks at a time: the helper stops before the main loop takes over."""
+    done = threading.Event()
+    failures: list[BaseException] = []
+
+    def tick() -> None:
+        try:
+            while not done.wait(TICK_SECONDS):
+                instance.tick()
+        except BaseException as error:
+            failures.append(error)
+
+    thread = threading.Thread(target=tick, name="tick-while-spark-starts", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+    if failures:
+        raise failures[0]
+
+
+def _start_query(
+    config: WorkerConfig,
+    instance: Instance,
+    pipeline: Pipeline,
+    metrics: InstanceMetrics,
+    checkpoint: str,
+) -> "tuple[SparkSession, StreamingQuery]":
+    """Start Spark and the one streaming query over the instance's active tasks."""
+    from smoothscale.runtime.spark import local_session
+
+    spark = local_session(f"smoothscale-{config.app_id}-{config.instance_id}")
+    reader = (
+        spark.readStream.format("smoothscale-kafka")
+        .option("bootstrap.servers", config.bootstrap_servers)
+        .option("topics", ",".join(config.input_topics))
+        .option("plan.path", str(instance.plan_path))
+        .option("max.records.per.partition", str(config.max_records_per_partition))
+    )
+    for name, value in config.kafka_config.items():
+        reader = reader.option(f"kafka.{name}", value)
+    query = (
+        reader.load()
+        .writeStream.foreachBatch(MicroBatch(instance, pipeline, metrics))
+        .trigger(processingTime=f"{config.trigger_interval} seconds")
+        .option("checkpointLocation", checkpoint)
+        .start()
+    )
+    return spark, query
 
 
 class StopRequest:
