@@ -14,7 +14,10 @@ A hand-over of task t from S to D runs over several polls:
 3. `step()` sees the release and writes D the task as active, with the next epoch and
    `restoreUntil` = those positions. D restores up to them and starts processing.
 Once begun, a hand-over is finished, never undone: S may already have let the task go. The
-planner therefore sees the task as owned by D from step 1 on, so it plans around it.
+planner therefore sees the task as owned by D from step 1 on, so it plans around it. And a
+hand-over begins only once S has reported the task active at its current epoch: an instance
+applies only the newest assignment it finds, so one made owner and then, a poll later, asked
+to give the task back may never have seen that it owned it, and could not release it.
 If S dies before it releases, D takes the task at once (a failover: the epoch marker D writes
 fences anything S might still write). If D dies first, the operator still waits for S's release
 (S may be mid-batch), then the task fails over to the most caught-up live instance, which is
@@ -257,6 +260,10 @@ def _follow_plan(
     )
     if planned == owner.active:
         return owner
+    if owner.active is not None and not _confirmed(owner, task, observed):
+        # Its owner has not reported it active yet: it may never have seen the assignment
+        # that made it the owner, and could then neither process nor release the task.
+        return owner
     if planned is None:
         if owner.active is None:
             return owner
@@ -273,6 +280,16 @@ def _follow_plan(
         f"waiting for {owner.active} to release it"
     )
     return Ownership(epoch=owner.epoch, handover=HandOver(owner.active, planned))
+
+
+def _confirmed(owner: Ownership, task: TaskId, observed: Observation) -> bool:
+    """Whether the active owner has reported holding `task` active at the current epoch."""
+    progress = observed.progress.get((owner.active, task)) if owner.active else None
+    return (
+        progress is not None
+        and progress.report.role is ReportedRole.ACTIVE
+        and progress.report.epoch >= owner.epoch
+    )
 
 
 def _assignment_for(
