@@ -80,6 +80,13 @@ class Cluster:
         self.history.append(result)
         self.pending.update(result.writes)
         for name in result.drained:
+            owned = [
+                t
+                for t, o in result.ledger.tasks.items()
+                if name == o.active or (o.handover is not None and o.handover.source == name)
+            ]
+            assert not owned, f"{name} is stopped as drained while it owns tasks {owned}"
+            assert not any(r.role is ReportedRole.ACTIVE for r in self.instances[name].values())
             self.kill(name)
         self.polls += 1
         if self.polls % self.apply_every == 0:
@@ -139,9 +146,12 @@ class Cluster:
         }
 
     def busy(self) -> bool:
-        """A hand-over is under way or a warm-up is still restoring."""
-        return any(o.handover for o in self.ledger.tasks.values()) or any(
-            a.tasks_in(TaskRole.WARMUP) for a in self.ledger.assignments.values()
+        """A hand-over is under way, a warm-up is still restoring, or an instance has not yet
+        taken an assignment written for it."""
+        return (
+            bool(self.pending)
+            or any(o.handover for o in self.ledger.tasks.values())
+            or any(a.tasks_in(TaskRole.WARMUP) for a in self.ledger.assignments.values())
         )
 
     def run_until_settled(self, max_polls: int = 60) -> int:

@@ -297,20 +297,22 @@ def _assignment_for(
     owners: Mapping[TaskId, Ownership],
     desired: Mapping[InstanceId, Mapping[TaskId, TaskRole]],
 ) -> dict[TaskId, TaskAssignment]:
-    """What `instance` is to hold, as the protocol allows it at this point."""
+    """What `instance` is to hold, as the protocol allows it at this point: its actives are
+    what the ownership says (never what the plan wishes: a move waits for its protocol step),
+    the plan adds the replicas."""
     held: dict[TaskId, TaskAssignment] = {}
+    for task, owner in owners.items():
+        if owner.active == instance:
+            restore_until = None if owner.restore_until is None else dict(owner.restore_until)
+            held[task] = TaskAssignment(
+                role=TaskRole.ACTIVE, epoch=owner.epoch, restoreUntil=restore_until
+            )
     for task, role in sorted(desired.get(instance, {}).items()):
         owner = owners[task]
-        if role is TaskRole.ACTIVE:
-            if owner.active == instance:
-                restore_until = None if owner.restore_until is None else dict(owner.restore_until)
-                held[task] = TaskAssignment(
-                    role=TaskRole.ACTIVE, epoch=owner.epoch, restoreUntil=restore_until
-                )
-            elif owner.handover is not None and owner.handover.destination == instance:
-                # Keeps restoring until the source has released the task.
-                held[task] = TaskAssignment(role=TaskRole.WARMUP, epoch=owner.epoch)
-        elif owner.handover is None or owner.handover.source != instance:
+        if task in held or (owner.handover is not None and owner.handover.source == instance):
             # A source gets no other role for the task before it has released it.
-            held[task] = TaskAssignment(role=role, epoch=owner.epoch)
-    return held
+            continue
+        # The plan's active-to-be keeps restoring until the protocol makes it the owner.
+        replica = TaskRole.WARMUP if role is TaskRole.ACTIVE else role
+        held[task] = TaskAssignment(role=replica, epoch=owner.epoch)
+    return dict(sorted(held.items()))
