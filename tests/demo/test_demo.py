@@ -24,6 +24,7 @@ def test_scaling_out_and_in_keeps_the_state_exact_and_moves_only_caught_up_tasks
         backlog=5_000,
         rate=300,
         acceptable_recovery_lag=10_000,
+        hold=5,
         examples_root=ROOT,
     )
     exit_code = run(options, out)

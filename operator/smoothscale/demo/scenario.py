@@ -58,6 +58,8 @@ class DemoOptions:
     poll_interval: float = 1.0
     acceptable_recovery_lag: int = 10_000
     max_warmup_replicas: int = 2
+    hold: float = 15.0
+    """Seconds each replica count runs in steady state before the next change."""
     phase_timeout: float = 600.0
     examples_root: Path = field(default_factory=Path.cwd)
     """The directory that holds examples/ (the pipeline's package)."""
@@ -132,8 +134,10 @@ class PauseMeter:
             stalled = now - self.since.setdefault(partition, now)
             self.longest[partition] = max(self.longest.get(partition, 0.0), stalled)
 
-    def reset(self) -> None:
+    def reset(self, now: float) -> None:
+        """Start a new phase: a stall that began before it counts from `now`."""
         self.longest.clear()
+        self.since = dict.fromkeys(self.since, now)
 
 
 class LocalConductor:
@@ -236,6 +240,11 @@ class LocalConductor:
             if now > deadline:
                 raise DemoError(f"{what} did not happen within {self.options.phase_timeout} s")
             time.sleep(self.options.poll_interval)
+
+    def hold(self) -> None:
+        """Keep polling for `options.hold` seconds (the app runs at this replica count)."""
+        until = time.monotonic() + self.options.hold
+        self.run_until(lambda _r: time.monotonic() >= until, "holding steady")
 
     def describe(self) -> str:
         parts = []
@@ -374,17 +383,19 @@ def _story(
     )
     feed.start()
     say(f"steady input: {options.rate:,} records/s. {conductor.describe()}")
+    conductor.hold()
 
     say("replicas 2: starting instance-1; it warms up before it takes anything over")
-    conductor.pauses.reset()
+    conductor.pauses.reset(time.monotonic())
     instances.start("instance-1")
     conductor.run_until(lambda _r: "instance-1" in conductor.ledger.assignments, "instance-1 up")
     conductor.run_until(conductor.settled, "scale-out to 2")
     scale_out_pause = max(conductor.pauses.longest.values(), default=0.0)
     say(f"scaled out. {conductor.describe()}")
+    conductor.hold()
 
     say("replicas 1: instance-1 drains; its tasks warm up on instance-0 before they move back")
-    conductor.pauses.reset()
+    conductor.pauses.reset(time.monotonic())
     conductor.draining.add("instance-1")
     conductor.run_until(lambda _r: "instance-1" not in instances.running, "scale-in to 1")
     conductor.run_until(conductor.settled, "scale-in settling")
