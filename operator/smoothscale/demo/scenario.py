@@ -390,17 +390,18 @@ def _story(
     instances.start("instance-1")
     conductor.run_until(lambda _r: "instance-1" in conductor.ledger.assignments, "instance-1 up")
     conductor.run_until(conductor.settled, "scale-out to 2")
-    scale_out_pause = max(conductor.pauses.longest.values(), default=0.0)
     say(f"scaled out. {conductor.describe()}")
-    conductor.hold()
+    conductor.hold()  # the moved tasks' first batches on their new owner fall in this phase
+    scale_out_pause = max(conductor.pauses.longest.values(), default=0.0)
 
     say("replicas 1: instance-1 drains; its tasks warm up on instance-0 before they move back")
     conductor.pauses.reset(time.monotonic())
     conductor.draining.add("instance-1")
     conductor.run_until(lambda _r: "instance-1" not in instances.running, "scale-in to 1")
     conductor.run_until(conductor.settled, "scale-in settling")
-    scale_in_pause = max(conductor.pauses.longest.values(), default=0.0)
     say(f"scaled in. {conductor.describe()}")
+    conductor.hold()
+    scale_in_pause = max(conductor.pauses.longest.values(), default=0.0)
 
     sent = feed.stop()
     say(f"input stopped after {sent:,} records; waiting for the last ones to be processed")
