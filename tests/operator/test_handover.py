@@ -164,6 +164,18 @@ class Cluster:
         raise AssertionError(f"not settled after {max_polls} polls: {self.actives()}")
 
 
+def mid_hand_over(release_delay: int) -> tuple[Cluster, TaskId]:
+    """Two tasks on `a`, then `b` joins: polled until one task's hand-over to `b` has begun."""
+    cluster = Cluster(tasks=2, release_delay=release_delay)
+    cluster.start("a")
+    cluster.run_until_settled()
+    cluster.start("b")
+    while not any(o.handover for o in cluster.ledger.tasks.values()):
+        cluster.poll()
+    (task,) = [t for t, o in cluster.ledger.tasks.items() if o.handover]
+    return cluster, task
+
+
 def test_a_fresh_start_spreads_the_tasks_as_actives_at_epoch_1() -> None:
     cluster = Cluster(tasks=4)
     cluster.start("a", "b")
@@ -194,13 +206,7 @@ def test_scale_out_warms_up_first_and_moves_nothing_while_the_warmups_are_behind
 
 
 def test_the_new_owner_is_active_only_after_the_old_owner_released() -> None:
-    cluster = Cluster(tasks=2, release_delay=3)
-    cluster.start("a")
-    cluster.run_until_settled()
-    cluster.start("b")
-    while not any(o.handover for o in cluster.ledger.tasks.values()):
-        cluster.poll()
-    (task,) = [t for t, o in cluster.ledger.tasks.items() if o.handover]
+    cluster, task = mid_hand_over(release_delay=3)
     assert task not in cluster.ledger.assignments["a"].tasks
     assert cluster.ledger.assignments["b"].tasks[task].role is TaskRole.WARMUP
     for _ in range(3):
@@ -272,13 +278,7 @@ def test_a_dead_owner_fails_over_at_once_to_a_new_epoch() -> None:
 
 
 def test_a_source_that_dies_before_releasing_hands_the_task_to_the_destination_at_once() -> None:
-    cluster = Cluster(tasks=2, release_delay=100)
-    cluster.start("a")
-    cluster.run_until_settled()
-    cluster.start("b")
-    while not any(o.handover for o in cluster.ledger.tasks.values()):
-        cluster.poll()
-    (task,) = [t for t, o in cluster.ledger.tasks.items() if o.handover]
+    cluster, task = mid_hand_over(release_delay=100)
     cluster.kill("a")
     result = cluster.poll()
     assert result.writes["b"].tasks[task].role is TaskRole.ACTIVE
@@ -286,13 +286,7 @@ def test_a_source_that_dies_before_releasing_hands_the_task_to_the_destination_a
 
 
 def test_a_destination_that_dies_mid_hand_over_leaves_the_task_with_its_source() -> None:
-    cluster = Cluster(tasks=2, release_delay=2)
-    cluster.start("a")
-    cluster.run_until_settled()
-    cluster.start("b")
-    while not any(o.handover for o in cluster.ledger.tasks.values()):
-        cluster.poll()
-    (task,) = [t for t, o in cluster.ledger.tasks.items() if o.handover]
+    cluster, task = mid_hand_over(release_delay=2)
     cluster.kill("b")
     cluster.poll()
     assert cluster.active_holders(task) == ["a"], "a has not released yet: it still holds it"
