@@ -63,6 +63,26 @@ def _join(path: str, key: str | int) -> str:
     return f"{path}[{key}]"
 
 
+def _children(
+    schema: Mapping[str, Any], value: Any, path: str
+) -> Iterator[tuple[Mapping[str, Any], Any, str]]:
+    """(schema, value, path) of each child of `value` that `schema` describes: its declared
+    properties, the rest through additionalProperties, or the items of a list."""
+    if isinstance(value, Mapping):
+        properties: Mapping[str, Any] = schema.get("properties", {})
+        for name, sub in properties.items():
+            if name in value:
+                yield sub, value[name], _join(path, name)
+        additional = schema.get("additionalProperties")
+        if isinstance(additional, Mapping):
+            for name, item in value.items():
+                if name not in properties:
+                    yield additional, item, _join(path, name)
+    elif isinstance(value, list) and isinstance(schema.get("items"), Mapping):
+        for index, item in enumerate(value):
+            yield schema["items"], item, _join(path, index)
+
+
 def _path_of(parts: Sequence[str | int], start: str = "") -> str:
     path = start
     for part in parts:
@@ -439,20 +459,15 @@ def _validate_embedded_meta(
     schema: Mapping[str, Any], value: Any, path: str
 ) -> Iterator[FieldError]:
     """ObjectMeta of x-kubernetes-embedded-resource nodes below the root."""
-    if isinstance(value, Mapping):
-        if path and schema.get("x-kubernetes-embedded-resource") and "metadata" in value:
-            yield from _validate_object_meta(value["metadata"], _join(path, "metadata"))
-        for name, sub in schema.get("properties", {}).items():
-            if name in value:
-                yield from _validate_embedded_meta(sub, value[name], _join(path, name))
-        additional = schema.get("additionalProperties")
-        if isinstance(additional, Mapping):
-            for name, item in value.items():
-                if name not in schema.get("properties", {}):
-                    yield from _validate_embedded_meta(additional, item, _join(path, name))
-    elif isinstance(value, list) and isinstance(schema.get("items"), Mapping):
-        for index, item in enumerate(value):
-            yield from _validate_embedded_meta(schema["items"], item, _join(path, index))
+    if (
+        isinstance(value, Mapping)
+        and path
+        and schema.get("x-kubernetes-embedded-resource")
+        and "metadata" in value
+    ):
+        yield from _validate_object_meta(value["metadata"], _join(path, "metadata"))
+    for sub, item, where in _children(schema, value, path):
+        yield from _validate_embedded_meta(sub, item, where)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -460,16 +475,8 @@ def _validate_embedded_meta(
 
 
 def _validate_list_types(schema: Mapping[str, Any], value: Any, path: str) -> Iterator[FieldError]:
-    if isinstance(value, Mapping):
-        for name, sub in schema.get("properties", {}).items():
-            if name in value:
-                yield from _validate_list_types(sub, value[name], _join(path, name))
-        additional = schema.get("additionalProperties")
-        if isinstance(additional, Mapping):
-            for name, item in value.items():
-                if name not in schema.get("properties", {}):
-                    yield from _validate_list_types(additional, item, _join(path, name))
-        return
+    for sub, item, where in _children(schema, value, path):
+        yield from _validate_list_types(sub, item, where)
     if not isinstance(value, list):
         return
     list_type = schema.get("x-kubernetes-list-type")
@@ -497,10 +504,6 @@ def _validate_list_types(schema: Mapping[str, Any], value: Any, path: str) -> It
                     f"{' and '.join(keys)}",
                 )
             seen_keys.add(key)
-    items = schema.get("items")
-    if isinstance(items, Mapping):
-        for index, item in enumerate(value):
-            yield from _validate_list_types(items, item, _join(path, index))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -544,18 +547,8 @@ def _validate_rules(schema: Mapping[str, Any], value: Any, path: str) -> Iterato
         if passed is True or (isinstance(passed, celpy.celtypes.BoolType) and bool(passed)):
             continue
         yield FieldError(where, _rule_message(rule, value))
-    if isinstance(value, Mapping):
-        for name, sub in schema.get("properties", {}).items():
-            if name in value:
-                yield from _validate_rules(sub, value[name], _join(path, name))
-        additional = schema.get("additionalProperties")
-        if isinstance(additional, Mapping):
-            for name, item in value.items():
-                if name not in schema.get("properties", {}):
-                    yield from _validate_rules(additional, item, _join(path, name))
-    elif isinstance(value, list) and isinstance(schema.get("items"), Mapping):
-        for index, item in enumerate(value):
-            yield from _validate_rules(schema["items"], item, _join(path, index))
+    for sub, item, child in _children(schema, value, path):
+        yield from _validate_rules(sub, item, child)
 
 
 def _rule_message(rule: Mapping[str, Any], value: Any) -> str:
