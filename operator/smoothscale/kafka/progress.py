@@ -38,6 +38,12 @@ class ReportedRole(StrEnum):
     WARMUP = "warmup"
     RELEASED = "released"
     """The instance held the task active and has let it go; its positions are final."""
+    REFUSED = "refused"
+    """The instance refused the assignment: the task's changelog already holds a higher epoch
+    (`seen_epoch`) than the one assigned. The operator must reassign above it."""
+    FENCED = "fenced"
+    """The instance found a newer owner's epoch marker before its own writes in the changelog:
+    it stopped processing the task. The operator must reassign above `seen_epoch`."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,13 @@ class TaskReport:
     """Per state store, the next changelog offset applied to the local store."""
     input_positions: Mapping[str, int] | None = None
     """For an active task: per input topic, the next input offset (from its state)."""
+    ends: Mapping[str, int] | None = None
+    """Per state store, the changelog end offset the instance saw when it took `positions`
+    (one consistent view: lag = ends - positions); None when it did not measure one."""
+    seen_epoch: int | None = None
+    """For `refused` and `fenced`: the highest ownership epoch the task's changelog holds."""
+    error: str | None = None
+    """A problem with this task the operator should show (e.g. an unreadable changelog)."""
 
     def metadata(self) -> str:
         fields: dict[str, object] = {
@@ -61,6 +74,12 @@ class TaskReport:
         }
         if self.input_positions is not None:
             fields["input"] = dict(self.input_positions)
+        if self.ends is not None:
+            fields["ends"] = dict(self.ends)
+        if self.seen_epoch is not None:
+            fields["seenEpoch"] = self.seen_epoch
+        if self.error is not None:
+            fields["error"] = self.error
         return json.dumps(fields, separators=(",", ":"))
 
 
@@ -131,6 +150,9 @@ def parse_report(
     try:
         fields = json.loads(metadata)
         inputs = fields.get("input")
+        ends = fields.get("ends")
+        seen_epoch = fields.get("seenEpoch")
+        error = fields.get("error")
         return TaskReport(
             task=task,
             role=ReportedRole(fields["role"]),
@@ -140,8 +162,11 @@ def parse_report(
             input_positions=None
             if inputs is None
             else {str(topic): int(offset) for topic, offset in inputs.items()},
+            ends=None if ends is None else {str(s): int(o) for s, o in ends.items()},
+            seen_epoch=None if seen_epoch is None else int(seen_epoch),
+            error=None if error is None else str(error),
         )
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
