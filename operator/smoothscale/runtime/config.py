@@ -4,18 +4,35 @@ The operator renders it from the StreamingApp and hands it to the pod as the JSO
 environment variable SMOOTHSCALE_WORKER_CONFIG; `smoothscale worker --config PATH` reads the
 same JSON from a file instead. The instance id defaults to the pod's name (POD_NAME, from the
 downward API), the key of its record in the assignments topic.
+
+Kafka credentials are never part of the JSON: the pod takes the SASL username and password from
+the app's Secret into $SMOOTHSCALE_KAFKA_SASL_USERNAME and $SMOOTHSCALE_KAFKA_SASL_PASSWORD
+(secretKeyRef env vars), and loading the config merges them into `kafka_config`, so every
+client of the instance (and the Spark source's options) gets them. A serialized config leaves
+them out again, so a config that is written or logged holds no credentials. The CA
+certificate is a file the pod mounts; the JSON names it (`ssl.ca.location`).
 """
 
 import json
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_serializer,
+    field_validator,
+)
 
 from smoothscale.kafka import names
 
 CONFIG_ENV = "SMOOTHSCALE_WORKER_CONFIG"
 INSTANCE_ID_ENV = "POD_NAME"
+SASL_USERNAME_ENV = "SMOOTHSCALE_KAFKA_SASL_USERNAME"
+SASL_PASSWORD_ENV = "SMOOTHSCALE_KAFKA_SASL_PASSWORD"
+_CREDENTIALS_FROM_ENV = {"sasl.username": SASL_USERNAME_ENV, "sasl.password": SASL_PASSWORD_ENV}
 
 
 class WorkerConfigError(ValueError):
@@ -40,7 +57,9 @@ class WorkerConfig(BaseModel):
     bootstrap_servers: str = Field(min_length=1)
     kafka_config: dict[str, str] = Field(
         default_factory=dict,
-        description="Extra librdkafka settings for every client (security.protocol, sasl.*).",
+        validate_default=True,
+        description="Extra librdkafka settings for every client (security.protocol, sasl.*); "
+        "the SASL credentials come from the environment.",
     )
     input_topics: list[str] = Field(min_length=1, description="Co-partitioned input topics.")
     output_topic: str = Field(min_length=1)
@@ -52,7 +71,11 @@ class WorkerConfig(BaseModel):
         description="State store name -> its changelog topic (null: `<appId>-<store>-changelog`).",
     )
     pipeline: str = Field(pattern=r"^[\w.]+:[\w.]+$", description="The pipeline, module:callable.")
-    trigger_interval: float = Field(default=1.0, gt=0, description="Seconds between micro-batches.")
+    trigger_interval: float = Field(
+        default=1.0,
+        ge=0,
+        description="Seconds between micro-batches; 0 starts each as soon as the last is done.",
+    )
     state_dir: Path = Field(description="Where the local state stores live (one dir per task).")
     metrics_port: int = Field(default=8080, ge=0, le=65535)
     max_records_per_partition: int = Field(
@@ -70,6 +93,22 @@ class WorkerConfig(BaseModel):
         description="On SIGTERM, give up finishing the batch after this long (keep it below the "
         "pod's terminationGracePeriodSeconds).",
     )
+
+    @field_validator("kafka_config")
+    @classmethod
+    def _add_credentials_from_env(cls, value: dict[str, str]) -> dict[str, str]:
+        credentials = {
+            setting: os.environ[variable]
+            for setting, variable in _CREDENTIALS_FROM_ENV.items()
+            if variable in os.environ
+        }
+        return {**value, **credentials}
+
+    @field_serializer("kafka_config")
+    def _leave_out_the_credentials(self, value: dict[str, str]) -> dict[str, str]:
+        return {
+            setting: text for setting, text in value.items() if setting not in _CREDENTIALS_FROM_ENV
+        }
 
     @field_validator("instance_id")
     @classmethod
