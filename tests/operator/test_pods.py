@@ -274,7 +274,7 @@ def test_kafka_credentials_never_appear_as_plain_values(monkeypatch: pytest.Monk
 def test_the_user_cannot_override_what_the_operator_sets() -> None:
     source = json.loads(json.dumps(MINIMAL))
     source["spec"]["env"] = [{"name": "POD_NAME", "value": "someone-else"}]
-    with pytest.raises(PodSpecError, match="spec.env sets POD_NAME.*remove it"):
+    with pytest.raises(PodSpecError, match=r"spec.env sets POD_NAME.*remove it"):
         build_pod(app(source), 0, OWNER_UID)
 
 

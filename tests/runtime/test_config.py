@@ -68,3 +68,41 @@ def test_the_worker_command_rejects_an_unknown_pipeline_before_starting_anything
     assert result.returncode == 2
     assert "no_such_module" in result.stderr
     assert "PYTHONPATH" in result.stderr
+
+
+def test_sasl_credentials_come_from_the_environment_and_are_never_serialized(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SMOOTHSCALE_KAFKA_SASL_USERNAME", "alice")
+    monkeypatch.setenv("SMOOTHSCALE_KAFKA_SASL_PASSWORD", "s3cret")
+    security = {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "PLAIN",
+        "ssl.ca.location": "/etc/smoothscale/kafka-ca/ca.crt",
+    }
+    monkeypatch.setenv(
+        "SMOOTHSCALE_WORKER_CONFIG",
+        json.dumps({**MINIMAL, "instance_id": "pod-a", "kafka_config": security}),
+    )
+    config = load_worker_config()
+
+    assert config.client_config() == {
+        "bootstrap.servers": "kafka:9092",
+        **security,
+        "sasl.username": "alice",
+        "sasl.password": "s3cret",
+    }
+    assert config.kafka_config["sasl.password"] == "s3cret"  # the Spark source's options too
+    dumped = config.model_dump_json()
+    assert "s3cret" not in dumped
+    assert "alice" not in dumped
+    assert json.loads(dumped)["kafka_config"] == security
+
+
+def test_without_credentials_in_the_environment_the_config_has_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("SMOOTHSCALE_KAFKA_SASL_USERNAME", raising=False)
+    monkeypatch.delenv("SMOOTHSCALE_KAFKA_SASL_PASSWORD", raising=False)
+    monkeypatch.setenv("SMOOTHSCALE_WORKER_CONFIG", json.dumps({**MINIMAL, "instance_id": "a"}))
+    assert load_worker_config().client_config() == {"bootstrap.servers": "kafka:9092"}
