@@ -75,6 +75,9 @@ def test_the_example_apps_pod_starts_its_worker_with_its_config(
         healthz = f"http://127.0.0.1:{port}/healthz"
         with urllib.request.urlopen(healthz, timeout=5) as answer:
             assert answer.status == 200
+        # The state directory is relative: here, the container's own working directory.
+        plan = log.parent / "worker" / "state" / "plan.json"
+        wait_for("the worker to write its plan in its state directory", plan.exists, timeout=30)
     finally:
         if name:
             api.request(
