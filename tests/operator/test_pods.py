@@ -153,8 +153,16 @@ def test_the_role_label_says_the_most_serving_role_an_instance_holds() -> None:
 # --- The pod -------------------------------------------------------------------------------------
 
 
+def minimum_kubernetes_version() -> str:
+    """The oldest Kubernetes the chart installs on (Chart.yaml's kubeVersion)."""
+    chart = yaml.safe_load((REPOSITORY / "charts" / "smoothscale" / "Chart.yaml").read_text())
+    version = chart["kubeVersion"].removeprefix(">=").removesuffix("-0")
+    assert isinstance(version, str)
+    return version
+
+
 @pytest.mark.parametrize("source", [MINIMAL, FULL], ids=["minimal", "full"])
-@pytest.mark.parametrize("kubernetes_version", ["1.30.0", latest_version()])
+@pytest.mark.parametrize("kubernetes_version", [minimum_kubernetes_version(), latest_version()])
 def test_the_pod_is_valid_kubernetes(source: dict[str, Any], kubernetes_version: str) -> None:
     kubernetes_validate.validate(build_pod(app(source), 1, OWNER_UID), kubernetes_version, True)
 
@@ -334,6 +342,8 @@ def test_instances_of_one_app_listen_on_ports_of_their_own() -> None:
         for ordinal in range(5)
     }
     assert ports == {8080, 8081, 8082, 8083, 8084}
+    with pytest.raises(PodSpecError, match="ordinals stop at 57455"):
+        build_pod(app(MINIMAL), 57456, OWNER_UID)
 
 
 def test_the_template_hash_follows_what_shapes_the_pod_and_nothing_else() -> None:

@@ -126,8 +126,8 @@ def instance_port(ordinal: int) -> int:
     port = BASE_PORT + ordinal
     if port > 65535:
         raise PodSpecError(
-            f"instance ordinal {ordinal} has no port left (8080 + ordinal > 65535); "
-            "scale the app down and up again to reuse low ordinals"
+            f"instance ordinal {ordinal} has no port: instance n listens on {BASE_PORT} + n, "
+            f"so ordinals stop at {65535 - BASE_PORT}"
         )
     return port
 
