@@ -51,7 +51,7 @@ PORT_NAME = "http"
 
 RUN_AS_ID = 10001
 """The uid and gid of the image's user (Dockerfile: useradd --uid 10001)."""
-HOME = "/home/smoothscale"
+IMAGE_HOME = "/home/smoothscale"
 """The image's HOME and working directory; a writable emptyDir in the pod."""
 STATE_DIR = Path("state")
 """The instance's local state stores, relative to the working directory (an emptyDir)."""
@@ -255,7 +255,7 @@ def _container(app: StreamingApp, config: WorkerConfig) -> JsonObject:
         "imagePullPolicy": spec.image_pull_policy.value,
         "command": ["smoothscale"],
         "args": ["worker"],
-        "workingDir": HOME,
+        "workingDir": IMAGE_HOME,
         "ports": [{"name": PORT_NAME, "containerPort": config.metrics_port, "protocol": "TCP"}],
         "env": _env(app, config),
         "startupProbe": _probe(
@@ -341,8 +341,8 @@ def _volumes(app: StreamingApp) -> list[JsonObject]:
 
 def _volume_mounts(app: StreamingApp) -> list[JsonObject]:
     mounts: list[JsonObject] = [
-        {"name": "home", "mountPath": HOME},
-        {"name": "state", "mountPath": f"{HOME}/{STATE_DIR}"},
+        {"name": "home", "mountPath": IMAGE_HOME},
+        {"name": "state", "mountPath": f"{IMAGE_HOME}/{STATE_DIR}"},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
     if app.spec.kafka.security.ca_certificate is not None:
