@@ -44,11 +44,23 @@ def partition_counts(front: KafkaFront) -> dict[str, int]:
 
 
 def consume(
-    front: KafkaFront, topic: str, partition: int, end_offset: int, start: int = 0
+    front: KafkaFront,
+    topic: str,
+    partition: int,
+    end_offset: int,
+    start: int = 0,
+    check_crcs: bool = False,
 ) -> list[tuple[int, bytes | None, bytes | None]]:
-    """Every record a fresh reader sees in [start, end_offset): (offset, key, value)."""
+    """Every record a fresh reader sees in [start, end_offset): (offset, key, value).
+
+    `check_crcs` only without transactions: the mock writes commit markers with CRC 0.
+    """
     consumer = Consumer(
-        {"bootstrap.servers": front.bootstrap_servers, "group.id": unique("reader")}
+        {
+            "bootstrap.servers": front.bootstrap_servers,
+            "group.id": unique("reader"),
+            "check.crcs": check_crcs,
+        }
     )
     consumer.assign([TopicPartition(topic, partition, start)])
     records = []
@@ -127,7 +139,7 @@ def test_validate_only_creates_nothing(kafka_front: KafkaFront) -> None:
 
 def test_topics_created_on_the_broker_describe_kafkas_defaults(kafka_front: KafkaFront) -> None:
     name = unique("direct")
-    kafka_front._kafka.create_topic(name, 2)
+    kafka_front.kafka.create_topic(name, 2)
     assert topic_configs(kafka_front, name)["cleanup.policy"] == "delete"
 
 
@@ -224,11 +236,26 @@ def test_compaction_leaves_the_newest_record_per_key_at_its_offset(
     ]
 
 
+def test_rewritten_batches_carry_a_valid_crc32c(kafka_front: KafkaFront) -> None:
+    topic = unique("checked")
+    kafka_front.kafka.create_topic(topic, 1)
+    producer = Producer({"bootstrap.servers": kafka_front.bootstrap_servers, "linger.ms": 100})
+    for index in range(8):
+        producer.produce(topic, key=b"%d" % (index % 3), value=b"v%d" % index, partition=0)
+    producer.flush(10)  # one batch of 8 records, rewritten to 3
+    kafka_front.compact(topic)
+    assert consume(kafka_front, topic, 0, 8, check_crcs=True) == [
+        (5, b"2", b"v5"),
+        (6, b"0", b"v6"),
+        (7, b"1", b"v7"),
+    ]
+
+
 def test_a_group_resumes_from_its_committed_offset_on_a_compacted_partition(
     kafka_front: KafkaFront,
 ) -> None:
     topic = unique("resumed")
-    kafka_front._kafka.create_topic(topic, 1)
+    kafka_front.kafka.create_topic(topic, 1)
     produce(kafka_front, topic, [(b"k", b"%d" % index) for index in range(6)])
     kafka_front.compact(topic)
     group = unique("group")

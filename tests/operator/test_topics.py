@@ -24,10 +24,10 @@ def make_app(
     manifest: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
     app_id = f"app-{suffix}"
     for topic, partitions in inputs.items():
-        front._kafka.create_topic(f"{topic}-{suffix}", partitions)
+        front.kafka.create_topic(f"{topic}-{suffix}", partitions)
     output_topic = f"out-{suffix}"
     if output is not None:
-        front._kafka.create_topic(output_topic, output)
+        front.kafka.create_topic(output_topic, output)
     manifest["spec"]["kafka"] = {
         "bootstrapServers": front.bootstrap_servers,
         "applicationId": app_id,
@@ -115,7 +115,7 @@ def test_an_existing_changelog_with_other_partitions_is_a_problem_not_fixed(
 ) -> None:
     app, app_id = make_app(kafka_front, {"in": 4}, stores=1)
     changelog = f"{app_id}-store0-changelog"
-    kafka_front._kafka.create_topic(changelog, 2)
+    kafka_front.kafka.create_topic(changelog, 2)
     check = ensure(kafka_front, app)
     assert ("ChangelogPartitionsMismatch", changelog) in reasons(check)
     assert partitions_and_policy(kafka_front, changelog)[0] == 2
@@ -126,7 +126,7 @@ def test_an_existing_changelog_that_is_not_compacted_is_a_problem(
 ) -> None:
     app, app_id = make_app(kafka_front, {"in": 4}, stores=1)
     changelog = f"{app_id}-store0-changelog"
-    kafka_front._kafka.create_topic(changelog, 4)
+    kafka_front.kafka.create_topic(changelog, 4)
     check = ensure(kafka_front, app)
     assert reasons(check) == [("ChangelogRetention", changelog)]
     assert "cleanup.policy=compact" in check.problems[0].message

@@ -117,17 +117,18 @@ def _parse_addresses(bootstrap_servers: str) -> list[_Address]:
 
 @dataclass(frozen=True)
 class _TopicLayout:
-    partitions: dict[int, int]  # partition -> leader broker id
+    partitions: dict[int, _Address]  # partition -> its leader's address
 
 
 class KafkaFront:
     """One loopback listener per broker of `kafka`, in front of it (see the module docstring).
 
-    `bootstrap_servers` is what clients use. Use it as a context manager, or call `close()`.
+    `bootstrap_servers` is what clients use; `kafka` is the cluster behind the front (create
+    topics there directly, or inject faults). Use it as a context manager, or call `close()`.
     """
 
     def __init__(self, kafka: EmbeddedKafka, host: str = "127.0.0.1") -> None:
-        self._kafka = kafka
+        self.kafka = kafka
         self._brokers = _parse_addresses(kafka.bootstrap_servers)
         self._configs: dict[str, dict[str, str]] = {}
         self._compactions: dict[tuple[str, int], Compaction] = {}
@@ -202,10 +203,9 @@ class KafkaFront:
             )
 
     async def _read_log(
-        self, topic: str, partition: int, leader: int
+        self, topic: str, partition: int, broker: _Address
     ) -> tuple[list[RecordBatch], int]:
         """Every record batch of a partition, from offset 0 to the high watermark, and that."""
-        broker = self._brokers[leader - 1]
         batches: list[RecordBatch] = []
         offset, high_watermark = 0, 1
         while offset < high_watermark:
@@ -251,14 +251,15 @@ class KafkaFront:
     # ---- topics -----------------------------------------------------------------------------
 
     async def _topic_layouts(self) -> dict[str, _TopicLayout]:
-        """Every topic of the cluster and its partitions' leaders (Metadata v4, all topics)."""
+        """Every topic of the cluster and its partitions' leaders (Metadata v4, all topics),
+        from the first broker that answers (a test may have taken some down)."""
         request = Writer().int32(-1).boolean(False).bytes()
-        reader = Reader(await _call(self._brokers[0], METADATA, 4, request))
+        reader = Reader(await self._call_any_broker(METADATA, 4, request))
         reader.int32()
+        brokers = {}
         for _ in range(reader.array_length()):
-            reader.int32()
-            reader.string()
-            reader.int32()
+            node_id = reader.int32()
+            brokers[node_id] = _Address(reader.string(), reader.int32())
             reader.nullable_string()
         reader.nullable_string()
         reader.int32()
@@ -271,13 +272,24 @@ class KafkaFront:
             for _ in range(reader.array_length()):
                 reader.int16()
                 index = reader.int32()
-                partitions[index] = reader.int32()
+                leader = reader.int32()
+                if leader in brokers:
+                    partitions[index] = brokers[leader]
                 for _ in range(2):
                     for _ in range(reader.array_length()):
                         reader.int32()
             if error_code == _NONE:
                 layouts[name] = _TopicLayout(partitions)
         return layouts
+
+    async def _call_any_broker(self, api_key: int, version: int, body: bytes) -> bytes:
+        failures = []
+        for broker in self._brokers:
+            try:
+                return await _call(broker, api_key, version, body)
+            except OSError as error:
+                failures.append(f"{broker.host}:{broker.port}: {error}")
+        raise KafkaFrontError(f"no broker answers: {'; '.join(failures)}")
 
     async def _create_topics(self, version: int, body: Reader) -> bytes:
         requests = []
@@ -374,7 +386,7 @@ class KafkaFront:
         configs: Mapping[str, str | None],
     ) -> tuple[int, str | None]:
         try:
-            self._kafka.create_topic(
+            self.kafka.create_topic(
                 name,
                 _DEFAULT_PARTITIONS if partitions == -1 else partitions,
                 _DEFAULT_REPLICATION_FACTOR if replication_factor == -1 else replication_factor,
@@ -616,7 +628,7 @@ class KafkaFront:
         self.close()
 
     def __repr__(self) -> str:
-        return f"KafkaFront({self.bootstrap_servers} -> {self._kafka.bootstrap_servers})"
+        return f"KafkaFront({self.bootstrap_servers} -> {self.kafka.bootstrap_servers})"
 
 
 async def _as_coroutine(awaitable: Awaitable[T]) -> T:
