@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from smoothscale.devcluster.kafkafront import KafkaFront
 from smoothscale.devcluster.stack import LocalStack, StackInfo
 from smoothscale.kafka.embedded import EmbeddedKafka
 
@@ -17,6 +18,15 @@ def embedded_kafka() -> Iterator[EmbeddedKafka]:
     and inject no faults here (use `kafka_cluster`)."""
     with EmbeddedKafka(brokers=3) as kafka:
         yield kafka
+
+
+@pytest.fixture(scope="session")
+def kafka_front() -> Iterator[KafkaFront]:
+    """An embedded Kafka (3 brokers) behind the Kafka front, for tests that administer topics
+    (AdminClient create_topics, describe_configs) or need a compacted partition (`compact`).
+    Clients use `kafka_front.bootstrap_servers`; create uniquely named topics."""
+    with EmbeddedKafka(brokers=3) as kafka, KafkaFront(kafka) as front:
+        yield front
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from smoothscale.devcluster.kafka import (
     KafkaControl,
@@ -89,6 +90,14 @@ def test_dev_kafka_serves_its_topics_and_controls_until_sigterm(tmp_path: Path) 
         control.set_broker_up(2)
         control.set_rtt(1, 0)
         control.push_request_errors(0, [0])
+
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        (creation,) = admin.create_topics([NewTopic("created-by-admin", 2, 1)]).values()
+        creation.result(10)
+        assert len(admin.list_topics(timeout=5).topics["created-by-admin"].partitions) == 2
+        control.compact("input", partition=0, through_offset=None, remove_tombstones=True)
+        with pytest.raises(KafkaControlError, match="does not exist"):
+            control.compact("no-such-topic")
 
         process.send_signal(signal.SIGTERM)
         output, _ = process.communicate(timeout=10)

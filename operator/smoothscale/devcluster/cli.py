@@ -131,9 +131,11 @@ def _register_kubelet(parts: "Subparsers[argparse.ArgumentParser]") -> None:
 def _register_kafka(parts: "Subparsers[argparse.ArgumentParser]") -> None:
     kafka = parts.add_parser(
         "kafka",
-        help="run an embedded Kafka cluster (librdkafka's mock brokers) until SIGINT/SIGTERM",
-        description="Start an embedded Kafka cluster on loopback, create the given topics, print "
-        "its bootstrap servers and run until SIGINT or SIGTERM.",
+        help="run an embedded Kafka cluster (librdkafka's mock brokers behind the Kafka front) "
+        "until SIGINT/SIGTERM",
+        description="Start an embedded Kafka cluster on loopback behind the Kafka front (which "
+        "answers topic administration like a real cluster), create the given topics, print the "
+        "front's bootstrap servers and run until SIGINT or SIGTERM.",
     )
     _topic_arguments(kafka)
     kafka.add_argument(
@@ -145,7 +147,7 @@ def _register_kafka(parts: "Subparsers[argparse.ArgumentParser]") -> None:
         "--control-port",
         type=int,
         default=0,
-        help="port of the HTTP control endpoint (topics, faults) (default: a free one)",
+        help="port of the HTTP control endpoint (topics, faults, compaction) (default: a free one)",
     )
     kafka.set_defaults(handler=_run_kafka)
 
@@ -154,8 +156,8 @@ def _register_topic(parts: "Subparsers[argparse.ArgumentParser]") -> None:
     topic = parts.add_parser(
         "topic",
         help="create Kafka topics in the running local control plane",
-        description="Create topics in the embedded Kafka of `smoothscale dev up` (its mock "
-        "brokers cannot create topics through the Kafka admin API).",
+        description="Create topics in the embedded Kafka of `smoothscale dev up` (a shortcut "
+        "for the Kafka admin API, which its front also answers).",
     )
     topic.add_argument("topics", nargs="+", metavar="NAME:PARTITIONS", help="e.g. input:8")
     topic.add_argument("--state-dir", type=Path, help=_STATE_DIR_HELP)

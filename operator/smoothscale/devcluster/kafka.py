@@ -2,9 +2,11 @@
 
 The clients that use it (the operator, the instances) run in other processes and reach it over
 loopback TCP, as they would reach a real cluster. The process runs until SIGINT or SIGTERM.
-The mock brokers cannot create topics through the admin API, so the process also serves a small
-HTTP control endpoint on loopback (KafkaControl is its client): create topics, take brokers down
-and up, inject request errors, slow brokers down.
+Clients reach the brokers through the Kafka front (kafkafront.py), which answers topic
+administration like a real cluster and can compact a partition on demand; the process reports
+the front's bootstrap servers only. It also serves a small HTTP control endpoint on loopback
+(KafkaControl is its client): create topics, take brokers down and up, inject request errors,
+slow brokers down, compact a topic.
 """
 
 import json
@@ -20,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType
 from typing import TextIO
 
+from smoothscale.devcluster.kafkafront import KafkaFront, KafkaFrontError
 from smoothscale.kafka.embedded import EmbeddedKafka, EmbeddedKafkaError
 
 
@@ -61,20 +64,34 @@ class KafkaControlError(RuntimeError):
     """The embedded Kafka process refused a control request (or could not be reached)."""
 
 
-# Operation name -> (EmbeddedKafka method, its arguments and their types).
-_OPERATIONS: dict[str, tuple[str, dict[str, type]]] = {
+# Operation name -> (what answers it: the broker or the front, its method, the method's
+# arguments and their types).
+_OPERATIONS: dict[str, tuple[str, str, dict[str, type | tuple[type, ...]]]] = {
     "create_topic": (
+        "kafka",
         "create_topic",
         {"name": str, "partitions": int, "replication_factor": int},
     ),
-    "set_broker_down": ("set_broker_down", {"broker_id": int}),
-    "set_broker_up": ("set_broker_up", {"broker_id": int}),
-    "set_rtt": ("set_rtt", {"broker_id": int, "rtt_ms": int}),
-    "push_request_errors": ("push_request_errors", {"api_key": int, "errors": list}),
+    "set_broker_down": ("kafka", "set_broker_down", {"broker_id": int}),
+    "set_broker_up": ("kafka", "set_broker_up", {"broker_id": int}),
+    "set_rtt": ("kafka", "set_rtt", {"broker_id": int, "rtt_ms": int}),
+    "push_request_errors": ("kafka", "push_request_errors", {"api_key": int, "errors": list}),
+    "compact": (
+        "front",
+        "compact",
+        {
+            "topic": str,
+            "partition": (int, type(None)),
+            "through_offset": (int, type(None)),
+            "remove_tombstones": bool,
+        },
+    ),
 }
 
 
-def _control_handler(kafka: EmbeddedKafka) -> type[BaseHTTPRequestHandler]:
+def _control_handler(kafka: EmbeddedKafka, front: KafkaFront) -> type[BaseHTTPRequestHandler]:
+    owners: dict[str, object] = {"kafka": kafka, "front": front}
+
     class ControlHandler(BaseHTTPRequestHandler):
         """POST /<operation> with the operation's arguments as a JSON object."""
 
@@ -83,7 +100,7 @@ def _control_handler(kafka: EmbeddedKafka) -> type[BaseHTTPRequestHandler]:
             if operation is None:
                 self._answer(404, {"error": f"no operation {self.path}: use {sorted(_OPERATIONS)}"})
                 return
-            method, parameters = operation
+            owner, method, parameters = operation
             try:
                 arguments = json.loads(self.rfile.read(int(self.headers["Content-Length"] or 0)))
                 if not isinstance(arguments, dict):
@@ -94,8 +111,8 @@ def _control_handler(kafka: EmbeddedKafka) -> type[BaseHTTPRequestHandler]:
                 wrong = [k for k, v in arguments.items() if not isinstance(v, parameters[k])]
                 if wrong:
                     raise ValueError(f"wrongly typed arguments {sorted(wrong)}")
-                getattr(kafka, method)(**arguments)
-            except (ValueError, TypeError, EmbeddedKafkaError) as error:
+                getattr(owners[owner], method)(**arguments)
+            except (ValueError, TypeError, EmbeddedKafkaError, KafkaFrontError) as error:
                 self._answer(400, {"error": str(error)})
                 return
             self._answer(200, {})
@@ -158,6 +175,22 @@ class KafkaControl:
     def push_request_errors(self, api_key: int, errors: Sequence[int]) -> None:
         self._call("push_request_errors", api_key=api_key, errors=list(errors))
 
+    def compact(
+        self,
+        topic: str,
+        partition: int | None = None,
+        through_offset: int | None = None,
+        remove_tombstones: bool = False,
+    ) -> None:
+        """See KafkaFront.compact: later fetches read `topic` as Kafka's log cleaner leaves it."""
+        self._call(
+            "compact",
+            topic=topic,
+            partition=partition,
+            through_offset=through_offset,
+            remove_tombstones=remove_tombstones,
+        )
+
 
 def serve_kafka(
     brokers: int,
@@ -166,8 +199,9 @@ def serve_kafka(
     control_port: int = 0,
     out: TextIO = sys.stdout,
 ) -> None:
-    """Run a cluster with `topics` until SIGINT/SIGTERM, then stop it cleanly. Its controls
-    (topics, faults) answer on http://127.0.0.1:`control_port` (see KafkaControl)."""
+    """Run a cluster with `topics` behind the Kafka front until SIGINT/SIGTERM, then stop it
+    cleanly. Its controls (topics, faults, compaction) answer on http://127.0.0.1:`control_port`
+    (see KafkaControl)."""
     stop = threading.Event()
 
     def request_stop(_signum: int, _frame: FrameType | None) -> None:
@@ -177,22 +211,24 @@ def serve_kafka(
         signum: signal.signal(signum, request_stop) for signum in (signal.SIGINT, signal.SIGTERM)
     }
     try:
-        with EmbeddedKafka(brokers) as kafka:
+        with EmbeddedKafka(brokers) as kafka, KafkaFront(kafka) as front:
             for topic in topics:
                 kafka.create_topic(topic.name, topic.partitions)
-            control = ThreadingHTTPServer(("127.0.0.1", control_port), _control_handler(kafka))
+            control = ThreadingHTTPServer(
+                ("127.0.0.1", control_port), _control_handler(kafka, front)
+            )
             control_url = f"http://127.0.0.1:{control.server_address[1]}"
             threading.Thread(
                 target=control.serve_forever, name="kafka-control", daemon=True
             ).start()
             try:
-                print(f"embedded Kafka: {brokers} broker(s) at {kafka.bootstrap_servers}", file=out)
+                print(f"embedded Kafka: {brokers} broker(s) at {front.bootstrap_servers}", file=out)
                 for topic in topics:
                     print(f"  topic {topic.name}: {topic.partitions} partition(s)", file=out)
                 print(f"  controls (topics, faults): {control_url}", file=out)
-                print(f"export KAFKA_BOOTSTRAP={kafka.bootstrap_servers}", file=out, flush=True)
+                print(f"export KAFKA_BOOTSTRAP={front.bootstrap_servers}", file=out, flush=True)
                 if ready_file is not None:
-                    write_ready_file(ready_file, kafka.bootstrap_servers, control_url)
+                    write_ready_file(ready_file, front.bootstrap_servers, control_url)
                 while not stop.wait(timeout=0.5):
                     pass
                 print("embedded Kafka: stopping", file=out, flush=True)

@@ -1,0 +1,220 @@
+"""The topics a StreamingApp owns, created, and the topics it uses, checked, on its Kafka cluster.
+
+The operator owns each state store's changelog, the assignments topic and the dead-letter topic:
+it creates the missing ones. The input and output topics are the user's: it only checks them.
+A topic that exists but is wrong (a changelog with another partition count than the input, or
+whose retention would delete state) is reported, never "fixed": repartitioning or reconfiguring
+a changelog can lose state, so a person decides.
+
+Every check is batched (one Metadata request for all topics, one CreateTopics for every missing
+topic, one DescribeConfigs for every existing changelog) so an app with many stores costs the
+cluster three requests per reconciliation.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._config import ConfigResource
+from confluent_kafka.cimpl import NewTopic
+
+from smoothscale.api.models import StreamingApp, application_id
+from smoothscale.kafka import names
+
+_COMPACTED = {"cleanup.policy": "compact"}
+_BROKER_DEFAULT_REPLICATION = -1
+
+
+@dataclass(frozen=True)
+class TopicProblem:
+    """Something wrong with a topic the app needs, for a condition on the StreamingApp."""
+
+    reason: str
+    """CamelCase: InputTopicMissing, InputTopicsNotCoPartitioned, OutputTopicMissing,
+    ChangelogPartitionsMismatch, ChangelogRetention, KafkaUnreachable, TopicCreationFailed."""
+    topic: str | None
+    message: str
+    """What is wrong and what to do, naming the topic."""
+
+
+@dataclass(frozen=True)
+class TopicCheck:
+    partitions: int | None
+    """The task count: the input topics' partition count (None when they disagree or are
+    missing)."""
+    created: tuple[str, ...]
+    """The topics this check created."""
+    problems: tuple[TopicProblem, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class TopicManager:
+    """Creates and checks the topics of StreamingApps on one Kafka cluster.
+
+    `client_config` is librdkafka configuration (bootstrap.servers, security); `timeout`
+    bounds each request to the cluster, in seconds.
+    """
+
+    def __init__(self, client_config: Mapping[str, str], timeout: float = 10.0) -> None:
+        self._admin: AdminClient | None = AdminClient(dict(client_config))
+        self._timeout = timeout
+        self._bootstrap = client_config.get("bootstrap.servers", "?")
+
+    def _client(self) -> AdminClient:
+        if self._admin is None:
+            raise RuntimeError("this TopicManager is closed")
+        return self._admin
+
+    def ensure(self, app: StreamingApp) -> TopicCheck:
+        """Create the app's missing owned topics and check all of them; idempotent. Kafka
+        trouble comes back as a problem (KafkaUnreachable, TopicCreationFailed), never raised."""
+        admin = self._client()
+        try:
+            metadata = admin.list_topics(timeout=self._timeout)
+        except KafkaException as error:
+            return TopicCheck(None, (), (self._unreachable(error),))
+        counts = {name: len(topic.partitions) for name, topic in metadata.topics.items()}
+        kafka = app.spec.kafka
+        app_id = application_id(app)
+        problems: list[TopicProblem] = []
+        partitions = self._input_partitions(kafka.input_topics, counts, problems)
+        if kafka.output_topic not in counts:
+            problems.append(
+                TopicProblem(
+                    "OutputTopicMissing",
+                    kafka.output_topic,
+                    f"output topic {kafka.output_topic!r} does not exist: create it (the operator "
+                    "does not create the app's input and output topics)",
+                )
+            )
+        changelogs = [
+            names.changelog_topic(app_id, store.name, store.changelog_topic)
+            for store in kafka.state_stores
+        ]
+        missing: list[NewTopic] = []
+        existing_changelogs = []
+        for changelog in changelogs:
+            if changelog not in counts:
+                if partitions is not None:
+                    missing.append(
+                        NewTopic(
+                            changelog, partitions, _BROKER_DEFAULT_REPLICATION, config=_COMPACTED
+                        )
+                    )
+                continue
+            existing_changelogs.append(changelog)
+            if partitions is not None and counts[changelog] != partitions:
+                problems.append(
+                    TopicProblem(
+                        "ChangelogPartitionsMismatch",
+                        changelog,
+                        f"changelog topic {changelog!r} has {counts[changelog]} partitions but "
+                        f"the input topics have {partitions}: task i restores from partition i, "
+                        "so recreate the changelog with the input's partition count (its state "
+                        "is lost) or point the store at another changelogTopic",
+                    )
+                )
+        assignments = names.assignments_topic(app_id)
+        if assignments not in counts:
+            missing.append(NewTopic(assignments, 1, _BROKER_DEFAULT_REPLICATION, config=_COMPACTED))
+        dead_letters = names.dead_letter_topic(app_id, kafka.dead_letter_topic)
+        if dead_letters not in counts and partitions is not None:
+            missing.append(NewTopic(dead_letters, partitions, _BROKER_DEFAULT_REPLICATION))
+        created = self._create(missing, problems)
+        problems.extend(self._retention_problems(existing_changelogs))
+        return TopicCheck(partitions, tuple(created), tuple(problems))
+
+    def _input_partitions(
+        self, inputs: list[str], counts: Mapping[str, int], problems: list[TopicProblem]
+    ) -> int | None:
+        for topic in inputs:
+            if topic not in counts:
+                problems.append(
+                    TopicProblem(
+                        "InputTopicMissing",
+                        topic,
+                        f"input topic {topic!r} does not exist: create it, or fix inputTopics",
+                    )
+                )
+        present = {topic: counts[topic] for topic in inputs if topic in counts}
+        if len(set(present.values())) > 1:
+            listing = ", ".join(f"{topic} ({count})" for topic, count in sorted(present.items()))
+            problems.append(
+                TopicProblem(
+                    "InputTopicsNotCoPartitioned",
+                    min(present),
+                    f"the input topics have different partition counts: {listing}; task i reads "
+                    "partition i of each, so give them all the same partition count",
+                )
+            )
+            return None
+        if len(present) != len(inputs):
+            return None
+        return next(iter(present.values()))
+
+    def _create(self, missing: list[NewTopic], problems: list[TopicProblem]) -> list[str]:
+        if not missing:
+            return []
+        futures = self._client().create_topics(missing, request_timeout=self._timeout)
+        created = []
+        for name, future in futures.items():
+            try:
+                future.result(self._timeout)
+            except KafkaException as exception:
+                error: KafkaError = exception.args[0]
+                if error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                    continue  # another reconciliation created it since the Metadata request
+                problems.append(
+                    TopicProblem(
+                        "TopicCreationFailed",
+                        name,
+                        f"cannot create topic {name!r}: {error.str()}; create it by hand or give "
+                        "the operator's Kafka principal the right to create topics",
+                    )
+                )
+                continue
+            except TimeoutError:
+                problems.append(self._unreachable(f"creating topic {name!r} timed out"))
+                continue
+            created.append(name)
+        return created
+
+    def _retention_problems(self, changelogs: list[str]) -> list[TopicProblem]:
+        if not changelogs:
+            return []
+        resources = [ConfigResource("topic", changelog) for changelog in changelogs]
+        futures = self._client().describe_configs(resources, request_timeout=self._timeout)
+        problems = []
+        for resource, future in futures.items():
+            try:
+                configs = future.result(self._timeout)
+            except (KafkaException, TimeoutError) as error:
+                return [self._unreachable(error)]
+            policy = configs["cleanup.policy"].value if "cleanup.policy" in configs else "delete"
+            if set((policy or "delete").split(",")) != {"compact"}:
+                problems.append(
+                    TopicProblem(
+                        "ChangelogRetention",
+                        resource.name,
+                        f"changelog topic {resource.name!r} has cleanup.policy={policy}: "
+                        "retention would delete state the app restores from; set "
+                        "cleanup.policy=compact on it",
+                    )
+                )
+        return problems
+
+    def _unreachable(self, error: object) -> TopicProblem:
+        return TopicProblem(
+            "KafkaUnreachable",
+            None,
+            f"cannot reach the Kafka cluster at {self._bootstrap} ({error}): check "
+            "spec.kafka.bootstrapServers and the network between the operator and the brokers",
+        )
+
+    def close(self) -> None:
+        """Release the admin client; the manager cannot be used afterwards."""
+        self._admin = None
