@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from smoothscale.devcluster.apiserver import LocalApiServer, write_kubeconfig
-from smoothscale.devcluster.kubeapi import KubeApi, KubeApiError
 from smoothscale.devcluster.kubelet import Kubelet, KubeletConfig
 from smoothscale.devcluster.processes import Backoff
+from smoothscale.kubeapi import KubeApi, KubeApiError
 
 JsonObject = dict[str, Any]
 NAMESPACE = "default"

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from smoothscale.devcluster.kubeapi import KubeApi, KubeApiError
 from smoothscale.devcluster.kubelet import PodSyncer
 from smoothscale.devcluster.processes import ProcessRunner
+from smoothscale.kubeapi import KubeApi, KubeApiError
 
 
 class RecordingApi(KubeApi):

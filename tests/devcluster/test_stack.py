@@ -12,8 +12,8 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 
 from smoothscale.devcluster.kafka import KafkaControl
-from smoothscale.devcluster.kubeapi import KubeApi
 from smoothscale.devcluster.stack import StackInfo
+from smoothscale.kubeapi import KubeApi
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 

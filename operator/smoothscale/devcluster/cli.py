@@ -253,8 +253,8 @@ def _run_kubelet(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from smoothscale.devcluster.kubeapi import KubeApi, KubeApiError
     from smoothscale.devcluster.kubelet import Kubelet, KubeletConfig
+    from smoothscale.kubeapi import KubeApi, KubeApiError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     stop = threading.Event()

@@ -22,7 +22,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from smoothscale.devcluster.kubeapi import MERGE_PATCH, JsonObject, KubeApi, KubeApiError
 from smoothscale.devcluster.podspec import (
     POD_IP,
     PodConfigError,
@@ -39,6 +38,7 @@ from smoothscale.devcluster.podstatus import (
     waiting_status,
 )
 from smoothscale.devcluster.processes import Backoff, ProcessRunner
+from smoothscale.kubeapi import MERGE_PATCH, JsonObject, KubeApi, KubeApiError
 
 logger = logging.getLogger("smoothscale.kubelet")
 

@@ -25,7 +25,7 @@ import yaml
 
 from smoothscale.api.crd import custom_resource_definition
 from smoothscale.devcluster.kafka import TopicSpec
-from smoothscale.devcluster.kubeapi import KubeApi, KubeApiError
+from smoothscale.kubeapi import KubeApi, KubeApiError
 
 T = TypeVar("T")
 

@@ -1,8 +1,9 @@
 """A small JSON client of the Kubernetes API, on the `kubernetes` package's ApiClient.
 
-The ApiClient brings what a kubeconfig says (server, TLS, tokens, client certificates); this
-class sends plain JSON to any path, so the kubelet works with objects as the API serves them
-(including subresources such as pods/binding and pods/status) and with any API server.
+The ApiClient brings what a kubeconfig or the pod's service account says (server, TLS, tokens,
+client certificates); this class sends plain JSON to any path, so its users (the operator, the
+local kubelet) work with objects exactly as the API serves them, subresources included
+(pods/binding, pods/status, streamingapps/status), and with any API server.
 """
 
 import json
@@ -48,6 +49,21 @@ class KubeApi:
             config_file=None if path is None else str(path), context=context
         )
         return cls(api_client)
+
+    @classmethod
+    def connect(cls) -> "KubeApi":
+        """The cluster this process runs in (its service account) when it runs in a pod and no
+        KUBECONFIG is set; else the kubeconfig's current context."""
+        import os
+
+        from kubernetes.client import Configuration
+        from kubernetes.config import load_incluster_config
+
+        if "KUBERNETES_SERVICE_HOST" in os.environ and "KUBECONFIG" not in os.environ:
+            configuration = Configuration()
+            load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            return cls(ApiClient(configuration))
+        return cls.from_kubeconfig()
 
     def close(self) -> None:
         self._client.close()  # type: ignore[no-untyped-call]
