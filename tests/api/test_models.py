@@ -87,6 +87,10 @@ def _from_api(example: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]
                 ],
             },
         ],
+        "instances": [
+            {"name": "page-counts-a", "ready": True, "activeTasks": 1},
+            {"name": "page-counts-c", "ready": False, "warmupTasks": 1},
+        ],
         "conditions": [
             {
                 "type": "Progressing",

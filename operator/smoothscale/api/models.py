@@ -751,6 +751,8 @@ class TaskHandover(ApiModel):
     restore_until: dict[str, Annotated[int, Field(strict=True, ge=0)]] | None = None
     """Per state store, the changelog offset the old owner acknowledged on release; the new
     owner restores up to it before processing. Absent until the old owner has released."""
+    started: KubernetesTime | None = None
+    """When the old owner was told to release the task (the hand-over's step 3)."""
 
 
 class TaskStatus(ApiModel):
@@ -778,6 +780,45 @@ class TaskStatus(ApiModel):
         return next(iter(self.holders_in(TaskRole.ACTIVE)), None)
 
 
+class InstanceSummary(ApiModel):
+    """One instance (pod) as the operator sees it."""
+
+    name: DnsSubdomain
+    """The pod's name, also the instance id."""
+    uid: str | None = None
+    """The pod's uid: a pod re-created under the same name is a new instance (empty disk)."""
+    ready: bool = False
+    """Whether the pod is ready (its worker's streaming query runs)."""
+    draining: bool = False
+    """Being removed by a scale-in: its tasks move off it before the pod is deleted."""
+    draining_since: KubernetesTime | None = None
+    """When its drain began (spec.scaling.drainTimeout counts from here)."""
+    active_tasks: Annotated[int, Field(strict=True, ge=0)] = 0
+    """Tasks it holds active."""
+    warmup_tasks: Annotated[int, Field(strict=True, ge=0)] = 0
+    """Tasks it is warming up."""
+    standby_tasks: Annotated[int, Field(strict=True, ge=0)] = 0
+    """Tasks it keeps as standby."""
+
+
+class ScalingSummary(ApiModel):
+    """The last change of the instance count, from the first poll that saw it until settled."""
+
+    from_replicas: Annotated[int, Field(strict=True, ge=0)]
+    """Instances before the change."""
+    to_replicas: Annotated[int, Field(strict=True, ge=0)]
+    """Instances asked for (spec.replicas, capped at the task count)."""
+    started: KubernetesTime
+    """When the operator first acted on the change."""
+    finished: KubernetesTime | None = None
+    """When every task was active on the new instances and the drained pods were gone."""
+    hand_overs: Annotated[int, Field(strict=True, ge=0)] = 0
+    """Tasks handed over from one instance to another during the change."""
+    longest_hand_over_seconds: Annotated[float, Field(ge=0)] | None = None
+    """The longest time a task was without an active owner during a hand-over (revoke to
+    the new owner reporting it active)."""
+
+
 class StreamingAppStatus(ApiModel):
     """What the operator observed and decided; only the operator writes it."""
 
@@ -795,6 +836,10 @@ class StreamingAppStatus(ApiModel):
     """Instances restoring at least one warm-up task."""
     selector: str | None = None
     """The label selector of the app's pods, for the scale subresource (an HPA reads it)."""
+    desired_replicas: Annotated[int, Field(strict=True, ge=0)] | None = None
+    """spec.replicas capped at the number of tasks (an instance beyond it would hold nothing)."""
+    tasks_total: Annotated[int, Field(strict=True, ge=0)] | None = None
+    """The number of tasks: the partition count of the input topics."""
     max_lag: Annotated[int, Field(strict=True, ge=0)] | None = None
     """The largest changelog lag of any warm-up or standby task (records)."""
     assignment_generation: Annotated[int, Field(strict=True, ge=0)] = 0
@@ -804,6 +849,13 @@ class StreamingAppStatus(ApiModel):
         *_as_map("task"),
     ] = Field(default_factory=list)
     """Per task: who holds it, in which role, how far behind."""
+    instances: Annotated[
+        list[InstanceSummary],
+        *_as_map("name"),
+    ] = Field(default_factory=list)
+    """Per instance (pod): readiness, drain and the tasks it holds."""
+    last_scaling: ScalingSummary | None = None
+    """The last change of the instance count and how it went."""
     conditions: Annotated[
         list[Condition],
         *_as_map("type"),
