@@ -22,10 +22,18 @@ def _registrars() -> list[Registrar]:
     from smoothscale.api.cli import register as register_api
     from smoothscale.demo.cli import register as register_demo
     from smoothscale.devcluster.cli import register as register_dev
+    from smoothscale.operator.cli import register as register_operator
     from smoothscale.planner.cli import register as register_plan
     from smoothscale.runtime.cli import register as register_worker
 
-    return [register_api, register_demo, register_dev, register_plan, register_worker]
+    return [
+        register_api,
+        register_demo,
+        register_dev,
+        register_operator,
+        register_plan,
+        register_worker,
+    ]
 
 
 def build_parser() -> argparse.ArgumentParser:

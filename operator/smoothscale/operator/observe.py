@@ -1,0 +1,69 @@
+"""What the operator observes of an app in Kubernetes: its instance pods.
+
+Kafka is observed through smoothscale.kafka.progress (the reports and changelog ends) and
+smoothscale.operator.topics (the topics); this module reads the pods, one list request per poll
+with the app's label selector.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from smoothscale.kubeapi import KubeApi
+from smoothscale.operator.pods import app_selector, ordinal_of
+
+JsonObject = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PodView:
+    """One instance pod, as far as the operator cares."""
+
+    name: str
+    uid: str
+    ordinal: int | None
+    """The pod's ordinal (from its name), None for a pod whose name is not an instance name."""
+    ready: bool
+    terminating: bool
+    """Being deleted (deletionTimestamp set): it is stopping and no longer an instance."""
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    restarts: int = 0
+
+    @classmethod
+    def of(cls, pod: JsonObject) -> "PodView":
+        meta = pod.get("metadata") or {}
+        status = pod.get("status") or {}
+        conditions = status.get("conditions") or []
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        restarts = sum(int(c.get("restartCount", 0)) for c in status.get("containerStatuses") or [])
+        name = str(meta.get("name", ""))
+        return cls(
+            name=name,
+            uid=str(meta.get("uid", "")),
+            ordinal=_ordinal(name),
+            ready=ready,
+            terminating=meta.get("deletionTimestamp") is not None,
+            labels=dict(meta.get("labels") or {}),
+            annotations=dict(meta.get("annotations") or {}),
+            restarts=restarts,
+        )
+
+
+def _ordinal(name: str) -> int | None:
+    try:
+        return ordinal_of(name)
+    except ValueError:
+        return None
+
+
+def pods_path(namespace: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/pods"
+
+
+def observe_pods(kube: KubeApi, namespace: str, app_name: str) -> dict[str, PodView]:
+    """The app's pods by name (one list request, by the app's label selector)."""
+    listing = kube.request(
+        "GET", pods_path(namespace), query={"labelSelector": app_selector(app_name)}
+    )
+    pods = (PodView.of(item) for item in listing.get("items") or [])
+    return {pod.name: pod for pod in pods}

@@ -1,0 +1,664 @@
+"""One StreamingApp's control loop: observe -> plan -> act -> record, one poll at a time.
+
+`AppController.poll()` is the whole spine, top to bottom:
+
+1. observe the spec, the Kafka topics (created when missing), the pods, the instances'
+   reports and the changelog ends;
+2. plan one safe step of the hand-over protocol (`handover.step`, pure);
+3. act, in an order that survives a crash between any two writes: the ledger record first
+   (the operator's memory, in the assignments topic), then the instances' assignments, then
+   pods (created before they are instances, deleted only once drained), then pod labels;
+4. record the status, Events and metrics.
+
+An error ends as a Degraded condition and a Warning Event, never as a silent retry, and forces
+the next poll to re-read its memory from Kafka and rewrite every assignment (idempotent:
+instances ignore a generation they hold). docs/architecture.md ("The operator") has the
+argument for the order of writes.
+"""
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from confluent_kafka import KafkaException
+from pydantic import ValidationError
+
+from smoothscale.api.models import (
+    API_VERSION,
+    PLURAL,
+    ScalingSpec,
+    ScalingSummary,
+    StreamingApp,
+    StreamingAppStatus,
+    application_id,
+)
+from smoothscale.kafka import names
+from smoothscale.kafka.assignments import AssignmentWriter, describe
+from smoothscale.kafka.progress import ProgressReader, ReportedRole, TaskProgress
+from smoothscale.kubeapi import MERGE_PATCH, KubeApi, KubeApiError
+from smoothscale.operator.handover import (
+    InstanceStatus,
+    Ledger,
+    Observation,
+    Step,
+    step,
+)
+from smoothscale.operator.kafka_client import MissingSecretError, client_config
+from smoothscale.operator.ledger import LedgerStore, rebuild
+from smoothscale.operator.metrics import OperatorMetrics, TaskLag
+from smoothscale.operator.observe import PodView, observe_pods, pods_path
+from smoothscale.operator.pods import (
+    ROLE_LABEL,
+    app_selector,
+    build_pod,
+    instance_name,
+    instance_role,
+)
+from smoothscale.operator.status import Problem, Snapshot, app_status, busy
+from smoothscale.operator.topics import TopicCheck, TopicManager
+from smoothscale.planner.model import PlannerConfig
+from smoothscale.tasks import TaskId, TaskRole
+
+log = logging.getLogger(__name__)
+
+ASSIGNMENT_ANNOTATION = "smoothscale.io/assignment"
+"""The pod's current assignment, mirrored for people (`kubectl describe pod`), never read."""
+
+
+class EventSink(Protocol):
+    """Posts a Kubernetes Event about the StreamingApp."""
+
+    def __call__(self, type_: str, reason: str, message: str) -> None: ...
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def planner_config(scaling: ScalingSpec) -> PlannerConfig:
+    return PlannerConfig(
+        acceptable_recovery_lag=scaling.acceptable_recovery_lag,
+        max_warmup_replicas=scaling.max_warmup_replicas,
+        num_standby_replicas=scaling.num_standby_replicas,
+    )
+
+
+def app_path(namespace: str, name: str) -> str:
+    return f"/apis/{API_VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
+
+
+@dataclass
+class _KafkaClients:
+    """The app's Kafka clients, kept across polls while the connection settings stay the same."""
+
+    settings: tuple[tuple[str, str], ...]
+    topics: TopicManager
+    reader: ProgressReader
+    writer: AssignmentWriter
+    ledgers: LedgerStore
+
+    def close(self) -> None:
+        self.topics.close()
+        self.reader.close()
+        self.writer.close()
+        self.ledgers.close()
+
+
+@dataclass
+class _HandOverClock:
+    """A hand-over under way, from the revoke until the new owner reports the task active."""
+
+    started: datetime
+    started_monotonic: float
+    destination: str | None
+    epoch: int
+
+
+class AppController:
+    """The control loop of one StreamingApp; the kopf daemon calls `poll` until the app goes."""
+
+    def __init__(
+        self,
+        kube: KubeApi,
+        namespace: str,
+        *,
+        name: str,
+        events: EventSink,
+        metrics: OperatorMetrics,
+        clock: Callable[[], datetime] = utc_now,
+    ) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.name = name
+        self.events = events
+        self.metrics = metrics
+        self.clock = clock
+        self.ledger: Ledger | None = None
+        """The operator's memory, None until read from Kafka (and after any failed act)."""
+        self._kafka: _KafkaClients | None = None
+        self._pod_uids: dict[str, str] = {}
+        self._draining_since: dict[str, datetime] = {}
+        self._forced: set[str] = set()
+        self._handovers: dict[TaskId, _HandOverClock] = {}
+        self._scaling: ScalingSummary | None = None
+        self._desired: int | None = None
+        self._problems: tuple[Problem, ...] = ()
+        self._previous: StreamingAppStatus | None = None
+
+    # The spine ----------------------------------------------------------------------------
+
+    def poll(self) -> timedelta | None:
+        """One pass; the time until the next one (None: the app is gone)."""
+        started = time.monotonic()
+        try:
+            return self._poll()
+        finally:
+            self.metrics.observe_reconcile(self.namespace, self.name, time.monotonic() - started)
+
+    def _poll(self) -> timedelta | None:
+        now = self.clock()
+        body = self._read_app()
+        if body is None:
+            return None
+        try:
+            app = StreamingApp.model_validate({**body, "status": None})
+        except ValidationError as error:
+            problem = Problem("InvalidSpec", f"the spec is invalid, fix it: {error}")
+            self._record_problems(body, [problem])
+            return timedelta(seconds=30)
+        if self._previous is None:
+            self._remember(_status_of(body))
+        generation = body.get("metadata", {}).get("generation")
+        scaling = app.spec.scaling
+
+        # Observe Kafka: the topics, created when missing, tell the task count.
+        try:
+            kafka = self._kafka_clients(app)
+            check = kafka.topics.ensure(app)
+        except (KafkaException, MissingSecretError) as error:
+            return self._degraded(app, generation, now, [_kafka_problem(error)])
+        for topic in check.created:
+            self.events("Normal", "TopicCreated", f"created Kafka topic {topic}")
+        if not check.ok or check.partitions is None:
+            return self._degraded(app, generation, now, _topic_problems(check))
+        tasks = check.partitions
+        desired = min(app.spec.replicas, tasks)
+        problems: list[Problem] = []
+        if app.spec.replicas > tasks:
+            problems.append(
+                Problem(
+                    "ReplicasAboveTasks",
+                    f"spec.replicas is {app.spec.replicas} but the input has {tasks} "
+                    f"partitions (tasks): running {desired} instances, more would hold nothing; "
+                    "add input partitions to scale further",
+                )
+            )
+
+        # Observe the pods; create the missing ones first: a pod is an instance from the
+        # moment it exists, so its warm-ups start while its Spark session starts.
+        pods = observe_pods(self.kube, self.namespace, self.name)
+        pods = self._create_missing_pods(app, desired, pods)
+        live = {name: pod for name, pod in pods.items() if not pod.terminating}
+        statuses = self._instance_statuses(live, desired, scaling, now)
+        self._track_scaling(desired, len(live), now)
+
+        try:
+            # Observe the instances' reports, and the memory (read from Kafka when lost).
+            config = planner_config(scaling)
+            ledger, rewrite_all = self._memory(kafka, statuses, live, tasks, config)
+            progress = kafka.reader.read(statuses, tasks)
+            problems += _report_problems(progress)
+
+            # Plan one safe step.
+            result = step(ledger, Observation(statuses, progress), tasks, config)
+
+            # Act: the memory first, then the instances.
+            kafka.ledgers.write(result.ledger)
+            writes = result.ledger.assignments if rewrite_all else result.writes
+            for instance, assignment in writes.items():
+                kafka.writer.write(instance, assignment)
+            for instance in result.forget:
+                kafka.writer.forget(instance)
+                kafka.reader.forget(instance)
+            self.ledger = result.ledger
+        except (KafkaException, TimeoutError, RuntimeError) as error:
+            self.ledger = None  # re-read the memory and rewrite every assignment next time
+            return self._degraded(app, generation, now, [_kafka_problem(error), *problems])
+
+        self._announce(ledger, result, progress, now)
+        if _all_active(result.ledger, progress):
+            # A drained pod goes only once every task it gave away runs on its new owner.
+            for instance in result.drained:
+                self._delete_drained(instance)
+        self._label_pods(live, result.ledger)
+
+        # Record.
+        snapshot = Snapshot(
+            app=app,
+            generation=generation,
+            selector=app_selector(self.name),
+            pods=live,
+            tasks=tasks,
+            desired=desired,
+            ledger=result.ledger,
+            progress=progress,
+            draining_since=dict(self._draining_since),
+            handover_started={t: c.started for t, c in self._handovers.items()},
+            problems=tuple(problems),
+            last_scaling=self._finish_scaling(result, live, desired, now),
+        )
+        self._record(snapshot, now)
+        moving = busy(result.ledger) or bool(self._draining_since) or bool(self._handovers)
+        starting = any(not pod.ready for pod in live.values()) or len(live) != desired
+        return scaling.lag_poll_interval if moving or starting else scaling.probing_interval
+
+    # Observe --------------------------------------------------------------------------------
+
+    def _read_app(self) -> dict[str, Any] | None:
+        try:
+            return self.kube.request("GET", app_path(self.namespace, self.name))
+        except KubeApiError as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def _remember(self, status: StreamingAppStatus | None) -> None:
+        """Take what the last status says about pods and scaling (after an operator restart)."""
+        self._previous = status
+        if status is None:
+            return
+        for instance in status.instances:
+            if instance.uid:
+                self._pod_uids[instance.name] = instance.uid
+            if instance.draining_since is not None:
+                self._draining_since[instance.name] = instance.draining_since
+        self._scaling = status.last_scaling
+        self._desired = status.desired_replicas
+
+    def _kafka_clients(self, app: StreamingApp) -> _KafkaClients:
+        config = client_config(app.spec.kafka, self._secret)
+        settings = tuple(sorted(config.items()))
+        if self._kafka is not None and self._kafka.settings == settings:
+            return self._kafka
+        if self._kafka is not None:
+            self._kafka.close()
+        app_id = application_id(app)
+        stores = {
+            store.name: names.changelog_topic(app_id, store.name, store.changelog_topic)
+            for store in app.spec.kafka.state_stores
+        }
+        bootstrap = config.pop("bootstrap.servers")
+        self._kafka = _KafkaClients(
+            settings=settings,
+            topics=TopicManager({"bootstrap.servers": bootstrap, **config}),
+            reader=ProgressReader(bootstrap, app_id, stores, config),
+            writer=AssignmentWriter(bootstrap, app_id, config),
+            ledgers=LedgerStore(bootstrap, app_id, config),
+        )
+        self.ledger = None
+        return self._kafka
+
+    def _secret(self, name: str, key: str) -> str | None:
+        import base64
+
+        try:
+            secret = self.kube.request("GET", f"/api/v1/namespaces/{self.namespace}/secrets/{name}")
+        except KubeApiError as error:
+            if error.status == 404:
+                return None
+            raise
+        encoded = (secret.get("data") or {}).get(key)
+        return None if encoded is None else base64.b64decode(encoded).decode()
+
+    def _instance_statuses(
+        self, live: Mapping[str, PodView], desired: int, scaling: ScalingSpec, now: datetime
+    ) -> dict[str, InstanceStatus]:
+        """Every live pod is an instance; those beyond the desired count drain (highest
+        ordinals first: the scale-in choice is deterministic)."""
+        for name in set(self._draining_since) - set(live):
+            del self._draining_since[name]
+            self._forced.discard(name)
+        statuses = {}
+        for name, pod in sorted(live.items()):
+            draining = pod.ordinal is None or pod.ordinal >= desired
+            if not draining:
+                self._draining_since.pop(name, None)
+                self._forced.discard(name)
+                statuses[name] = InstanceStatus(ready=pod.ready)
+                continue
+            since = self._draining_since.setdefault(name, now)
+            forced = now - since >= scaling.drain_timeout
+            if forced and name not in self._forced:
+                self._forced.add(name)
+                self.events(
+                    "Warning",
+                    "DrainTimeout",
+                    f"{name} has drained for {scaling.drain_timeout} without its replacements "
+                    "catching up: moving its tasks anyway (they restore before processing)",
+                )
+            statuses[name] = InstanceStatus(ready=pod.ready, draining=True, force_release=forced)
+        return statuses
+
+    def _memory(
+        self,
+        kafka: _KafkaClients,
+        statuses: Mapping[str, InstanceStatus],
+        live: Mapping[str, PodView],
+        tasks: int,
+        config: PlannerConfig,
+    ) -> tuple[Ledger, bool]:
+        """The ledger, and whether every assignment must be written again: kept in memory
+        between polls; after a start or a failed act, rebuilt from what Kafka holds (the
+        ledger record, the assignment records, the reports).
+
+        A pod re-created under a known name is a new instance with an empty disk: the old one
+        is gone. The ledger first takes one step without it (its tasks fail over, hand-overs
+        it was part of end as they do when an instance dies), so the new pod starts from
+        nothing, like any new instance."""
+        ledger = self.ledger
+        rewrite = ledger is None
+        if ledger is None:
+            kafka_ledger, assignments = kafka.ledgers.read()
+            reports = kafka.reader.read(statuses, self._task_count(kafka_ledger, assignments))
+            ledger = rebuild(kafka_ledger, assignments, reports)
+        replaced = {
+            name for name, pod in live.items() if self._pod_uids.get(name) not in (None, pod.uid)
+        }
+        if replaced:
+            log.info("pods re-created under the same name: %s", sorted(replaced))
+            others = {n: s for n, s in statuses.items() if n not in replaced}
+            progress = kafka.reader.read(others, tasks)
+            gone = step(ledger, Observation(others, progress), tasks, config)
+            for message in gone.events:
+                self.events("Warning", "InstanceReplaced", message)
+            ledger = gone.ledger
+            rewrite = True
+        for name, pod in live.items():
+            self._pod_uids[name] = pod.uid
+        return ledger, rewrite
+
+    @staticmethod
+    def _task_count(ledger: Ledger | None, assignments: Mapping[str, Any]) -> int:
+        known = set(ledger.tasks) if ledger is not None else set()
+        for assignment in assignments.values():
+            known |= set(assignment.tasks)
+        return max(known, default=-1) + 1
+
+    # Act --------------------------------------------------------------------------------
+
+    def _create_missing_pods(
+        self, app: StreamingApp, desired: int, pods: dict[str, PodView]
+    ) -> dict[str, PodView]:
+        owner_uid = str(app.metadata.get("uid", ""))
+        for ordinal in range(desired):
+            name = instance_name(self.name, ordinal)
+            if name in pods:
+                continue  # running, or still terminating: re-created once it is gone
+            created = self.kube.request(
+                "POST", pods_path(self.namespace), body=build_pod(app, ordinal, owner_uid)
+            )
+            pods[name] = PodView.of(created)
+            self.events("Normal", "PodCreated", f"created instance pod {name}")
+        return pods
+
+    def _delete_drained(self, instance: str) -> None:
+        try:
+            self.kube.request("DELETE", f"{pods_path(self.namespace)}/{instance}")
+        except KubeApiError as error:
+            if error.status != 404:
+                raise
+        self.events("Normal", "Drained", f"{instance} holds no task any more: deleted its pod")
+
+    def _label_pods(self, live: Mapping[str, PodView], ledger: Ledger) -> None:
+        for name, pod in live.items():
+            assignment = ledger.assignments.get(name)
+            summary = describe(assignment) if assignment is not None else "{}"
+            roles = {held.role for held in assignment.tasks.values()} if assignment else set()
+            role = instance_role(roles).value
+            if pod.labels.get(ROLE_LABEL) == role and (
+                pod.annotations.get(ASSIGNMENT_ANNOTATION) == summary
+            ):
+                continue
+            patch = {
+                "metadata": {
+                    "labels": {ROLE_LABEL: role},
+                    "annotations": {ASSIGNMENT_ANNOTATION: summary},
+                }
+            }
+            try:
+                self.kube.request(
+                    "PATCH",
+                    f"{pods_path(self.namespace)}/{name}",
+                    body=patch,
+                    content_type=MERGE_PATCH,
+                )
+            except KubeApiError as error:
+                if error.status != 404:  # gone meanwhile: the next poll sees it
+                    raise
+
+    # Record -----------------------------------------------------------------------------
+
+    def _announce(
+        self,
+        before: Ledger,
+        result: Step,
+        progress: Mapping[tuple[str, TaskId], TaskProgress],
+        now: datetime,
+    ) -> None:
+        """Events and hand-over clocks from what changed in this step."""
+        after = result.ledger
+        for instance, assignment in sorted(result.writes.items()):
+            previous = before.assignments.get(instance)
+            was = previous.tasks_in(TaskRole.WARMUP) if previous is not None else set()
+            for task in sorted(assignment.tasks_in(TaskRole.WARMUP) - was):
+                self.events("Normal", "WarmupStarted", f"task {task}: {instance} warms it up")
+        for task, owner in sorted(after.tasks.items()):
+            old = before.ownership(task)
+            if owner.handover is not None and old.handover is None:
+                self._handovers[task] = _HandOverClock(
+                    now, time.monotonic(), owner.handover.destination, owner.epoch + 1
+                )
+            elif (
+                owner.handover is None
+                and old.handover is None
+                and old.active is not None
+                and owner.active is not None
+                and old.active != owner.active
+            ):
+                self.events(
+                    "Warning",
+                    "FailedOver",
+                    f"task {task}: {old.active} no longer holds it; {owner.active} took it "
+                    f"over at once (epoch {owner.epoch})",
+                )
+        for message in result.events:
+            self.events("Normal", "HandOver", message)
+        for task, clock in list(self._handovers.items()):
+            owner = after.ownership(task)
+            if owner.handover is not None:
+                continue
+            if owner.active is None or owner.active != clock.destination:
+                del self._handovers[task]  # failed over or stopped: not a hand-over any more
+                continue
+            report = progress.get((owner.active, task))
+            if report is None or report.report.role is not ReportedRole.ACTIVE:
+                continue
+            if report.report.epoch < owner.epoch:
+                continue
+            seconds = time.monotonic() - clock.started_monotonic
+            del self._handovers[task]
+            self.metrics.observe_handover(self.namespace, self.name, seconds)
+            self.events(
+                "Normal",
+                "HandedOver",
+                f"task {task}: {owner.active} is active (epoch {owner.epoch}); the task was "
+                f"without an active owner for {seconds:.1f} s",
+            )
+            if self._scaling is not None and self._scaling.finished is None:
+                longest = max(self._scaling.longest_hand_over_seconds or 0.0, seconds)
+                self._scaling = replace_scaling(
+                    self._scaling,
+                    hand_overs=self._scaling.hand_overs + 1,
+                    longest_hand_over_seconds=round(longest, 3),
+                )
+
+    def _track_scaling(self, desired: int, live: int, now: datetime) -> None:
+        if self._desired is not None and self._desired != desired:
+            self._scaling = ScalingSummary(from_replicas=live, to_replicas=desired, started=now)
+            self.events("Normal", "Scaling", f"scaling from {live} to {desired} instances")
+        self._desired = desired
+
+    def _finish_scaling(
+        self, result: Step, live: Mapping[str, PodView], desired: int, now: datetime
+    ) -> ScalingSummary | None:
+        scaling = self._scaling
+        if scaling is None or scaling.finished is not None:
+            return scaling
+        settled = (
+            not busy(result.ledger)
+            and not self._handovers
+            and not self._draining_since
+            and len(live) == desired
+            and all(pod.ready for pod in live.values())
+        )
+        if settled:
+            self._scaling = replace_scaling(scaling, finished=now)
+            self.events(
+                "Normal",
+                "Scaled",
+                f"scaled from {scaling.from_replicas} to {scaling.to_replicas} instances in "
+                f"{(now - scaling.started).total_seconds():.0f} s with {scaling.hand_overs} "
+                f"hand-overs (longest {scaling.longest_hand_over_seconds or 0:.1f} s)",
+            )
+        return self._scaling
+
+    def _degraded(
+        self,
+        app: StreamingApp,
+        generation: int | None,
+        now: datetime,
+        problems: list[Problem],
+    ) -> timedelta:
+        """Record a poll that could not act: no pod churn, the problems in status and Events."""
+        pods = observe_pods(self.kube, self.namespace, self.name)
+        live = {name: pod for name, pod in pods.items() if not pod.terminating}
+        snapshot = Snapshot(
+            app=app,
+            generation=generation,
+            selector=app_selector(self.name),
+            pods=live,
+            tasks=None,
+            desired=app.spec.replicas,
+            ledger=None,
+            draining_since=dict(self._draining_since),
+            problems=tuple(problems),
+            last_scaling=self._scaling,
+        )
+        self._record(snapshot, now)
+        return app.spec.scaling.lag_poll_interval
+
+    def _record_problems(self, body: dict[str, Any], problems: list[Problem]) -> None:
+        self._warn_new(problems)
+        patch = {
+            "status": {"phase": "Failed", "observedGeneration": body["metadata"].get("generation")}
+        }
+        self._patch_status(patch)
+
+    def _warn_new(self, problems: Sequence[Problem]) -> None:
+        """A Warning Event for each problem that was not there at the last poll."""
+        for problem in problems:
+            if problem not in self._problems:
+                self.events("Warning", problem.reason, problem.message)
+        self._problems = tuple(problems)
+
+    def _record(self, snapshot: Snapshot, now: datetime) -> None:
+        self._warn_new(snapshot.problems)
+        status = app_status(snapshot, self._previous, now)
+        self._patch_status({"status": status.to_kubernetes()})
+        self._previous = status
+        self.metrics.set_replicas(
+            self.namespace,
+            self.name,
+            desired=snapshot.desired,
+            ready=status.ready_replicas,
+            active=status.active_replicas,
+            warmup=status.warmup_replicas,
+        )
+        lags = [
+            TaskLag(task.task, holder.instance, holder.role, holder.lag)
+            for task in status.tasks
+            for holder in task.holders
+            if holder.lag is not None
+        ]
+        self.metrics.set_lag(self.namespace, self.name, lags)
+
+    def _patch_status(self, patch: dict[str, Any]) -> None:
+        try:
+            self.kube.request(
+                "PATCH",
+                f"{app_path(self.namespace, self.name)}/status",
+                body=patch,
+                content_type=MERGE_PATCH,
+            )
+        except KubeApiError as error:
+            if error.status != 404:  # deleted meanwhile
+                raise
+
+    def close(self) -> None:
+        if self._kafka is not None:
+            self._kafka.close()
+            self._kafka = None
+        self.metrics.forget_app(self.namespace, self.name)
+
+
+def replace_scaling(summary: ScalingSummary, **changes: Any) -> ScalingSummary:
+    return summary.model_copy(update=changes)
+
+
+def _status_of(body: Mapping[str, Any]) -> StreamingAppStatus | None:
+    """The status the object carries; None when there is none or it is not one this version
+    can read (it is then simply rebuilt)."""
+    try:
+        return StreamingAppStatus.model_validate(body.get("status") or {})
+    except ValidationError:
+        return None
+
+
+def _kafka_problem(error: BaseException) -> Problem:
+    return Problem(
+        "KafkaUnavailable",
+        f"Kafka did not answer: {error}. Nothing moves until it does (pods are left as they "
+        "are); check spec.kafka.bootstrapServers, the brokers and the credentials",
+    )
+
+
+def _topic_problems(check: TopicCheck) -> list[Problem]:
+    return [Problem(p.reason, p.message) for p in check.problems]
+
+
+def _all_active(ledger: Ledger, progress: Mapping[tuple[str, TaskId], TaskProgress]) -> bool:
+    """Whether every task given to an owner is reported active by it at its epoch."""
+    for task, owner in ledger.tasks.items():
+        if owner.handover is not None:
+            return False
+        if owner.active is None:
+            continue
+        report = progress.get((owner.active, task))
+        if report is None or report.report.role is not ReportedRole.ACTIVE:
+            return False
+        if report.report.epoch < owner.epoch:
+            return False
+    return True
+
+
+def _report_problems(progress: Mapping[tuple[str, TaskId], TaskProgress]) -> list[Problem]:
+    problems = []
+    for (instance, task), item in sorted(progress.items()):
+        if item.report.error is not None:
+            problems.append(
+                Problem("TaskFailing", f"task {task} on {instance}: {item.report.error}")
+            )
+    return problems
