@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from smoothscale.api.models import API_VERSION, PLURAL, StreamingApp
-from smoothscale.devcluster.kubeapi import KubeApi
 from smoothscale.devcluster.stack import StackInfo
+from smoothscale.kubeapi import KubeApi
 from smoothscale.operator.pods import BASE_PORT, build_pod
 
 REPOSITORY = Path(__file__).resolve().parents[2]
