@@ -13,10 +13,11 @@ def register(subparsers: "Subparsers[argparse.ArgumentParser]") -> None:
         "demo",
         help="scale a stateful PySpark app out and back in without stopping it",
         description=(
-            "Runs the running-count example app on an embedded Kafka broker with real "
-            "smoothscale worker instances, scales it from 1 to 2 instances and back with "
-            "warm-ups and cooperative hand-overs, and checks the final state against a "
-            "reference computed from the input. Run it from the root of a checkout."
+            "Starts the local control plane (API server, process kubelet, embedded Kafka), runs "
+            "`smoothscale operator`, applies the running-count example StreamingApp with the "
+            "real kubectl and scales it from 1 to 2 instances and back with `kubectl scale`, "
+            "under steady input, printing its status and Events; then checks the final state "
+            "against a reference computed from the input. Run it from the root of a checkout."
         ),
     )
     parser.add_argument("--tasks", type=int, default=6, help="input partitions (default 6)")
@@ -25,13 +26,16 @@ def register(subparsers: "Subparsers[argparse.ArgumentParser]") -> None:
         "--backlog",
         type=int,
         default=200_000,
-        help="records produced before the first instance starts (default 200000)",
+        help="records produced before the app is applied (default 200000)",
     )
     parser.add_argument(
         "--rate", type=int, default=2_000, help="records per second afterwards (default 2000)"
     )
     parser.add_argument(
-        "--workdir", type=Path, help="where instances keep state and logs (default: a temp dir)"
+        "--workdir",
+        type=Path,
+        help="where the control plane, the pods and the operator keep state and logs "
+        "(default: a temp dir)",
     )
     parser.add_argument(
         "--examples-root",
