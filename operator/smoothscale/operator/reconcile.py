@@ -203,7 +203,7 @@ class AppController:
         pods = self._create_missing_pods(app, desired, pods)
         live = {name: pod for name, pod in pods.items() if not pod.terminating}
         statuses = self._instance_statuses(live, desired, scaling, now)
-        self._track_scaling(desired, len(live), now)
+        self._track_scaling(desired, now)
 
         try:
             # Observe the instances' reports, and the memory (read from Kafka when lost).
@@ -505,10 +505,12 @@ class AppController:
                     longest_hand_over_seconds=round(longest, 3),
                 )
 
-    def _track_scaling(self, desired: int, live: int, now: datetime) -> None:
+    def _track_scaling(self, desired: int, now: datetime) -> None:
         if self._desired is not None and self._desired != desired:
-            self._scaling = ScalingSummary(from_replicas=live, to_replicas=desired, started=now)
-            self.events("Normal", "Scaling", f"scaling from {live} to {desired} instances")
+            self._scaling = ScalingSummary(
+                from_replicas=self._desired, to_replicas=desired, started=now
+            )
+            self.events("Normal", "Scaling", f"scaling from {self._desired} to {desired} instances")
         self._desired = desired
 
     def _finish_scaling(
