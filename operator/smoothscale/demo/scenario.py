@@ -24,7 +24,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -257,6 +258,7 @@ class Operator:
     """`smoothscale operator` as a process, serving the demo's namespace."""
 
     def __init__(self, kubeconfig: Path, log_path: Path) -> None:
+        self.kubeconfig = kubeconfig
         self.log_path = log_path
         with log_path.open("ab") as log:
             self.process = subprocess.Popen(
@@ -280,6 +282,10 @@ class Operator:
     def check(self) -> None:
         if self.process.poll() is not None:
             raise DemoError(f"the operator exited; its log is {self.log_path}")
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait()
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -439,8 +445,65 @@ def _event_time(event: dict[str, Any]) -> str:
     )
 
 
-def run(options: DemoOptions, out: TextIO) -> int:
-    """Run the demo, printing the story to `out`; 0 when the final state is exact."""
+@dataclass
+class Session:
+    """Everything a scaling story needs, running: the control plane, the operator, input and
+    the watcher. The demo's story is one script over it; tests script others."""
+
+    options: DemoOptions
+    bootstrap: str
+    kubectl: Kubectl
+    operator: Operator
+    watcher: Watcher
+    feed: InputFeed
+    say: Callable[[str], None]
+
+    def apply(self, replicas: int = 1) -> None:
+        """Create the namespace and apply the app with `replicas` (kubectl apply)."""
+        self.kubectl("create", "namespace", NAMESPACE)
+        app = streaming_app(self.options, self.bootstrap)
+        app["spec"]["replicas"] = replicas
+        self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(app, sort_keys=False))
+
+    def scale(self, replicas: int) -> None:
+        self.kubectl(
+            "scale", "-n", NAMESPACE, "streamingapp", APP_NAME, "--replicas", str(replicas)
+        )
+        self.watcher.run_until(
+            lambda: self.watcher.status.get("desiredReplicas") == replicas,
+            f"the operator seeing replicas {replicas}",
+        )
+
+    def restart_operator(self) -> None:
+        """SIGKILL the operator (no chance to clean up) and start a new one."""
+        self.operator.kill()
+        self.operator = Operator(self.operator.kubeconfig, self.operator.log_path)
+        self.watcher.operator = self.operator
+
+    def finish(self) -> bool:
+        """Stop the input, wait for the last records, compare with the reference; whether the
+        final state is exact and no task was ever active on two pods at once."""
+        sent = self.feed.stop()
+        self.say(f"input stopped after {sent:,} records; waiting for the last ones to be processed")
+        self.watcher.run_until(lambda: self.watcher.input_lag() == 0, "processing the last records")
+        reference, emitted = read_final_counts(self.bootstrap, self.options.tasks)
+        lost = sum(max(0, n - emitted.get(user, 0)) for user, n in reference.items())
+        doubled = sum(max(0, emitted.get(user, 0) - n) for user, n in reference.items())
+        unknown = set(emitted) - set(reference)
+        exact = lost == 0 and doubled == 0 and not unknown
+        self.say(
+            f"final state: {len(reference):,} users, {sum(reference.values()):,} records; "
+            f"{lost} updates lost, {doubled} applied twice: " + ("EXACT" if exact else "NOT EXACT")
+        )
+        doubles = len(self.watcher.double_owners)
+        self.say(f"tasks ever reported active by two instances at once: {doubles}")
+        return exact and not doubles
+
+
+@contextmanager
+def session(options: DemoOptions, out: TextIO) -> Iterator[Session]:
+    """Start the control plane, create the input and output topics, produce the backlog and
+    start the operator; stop everything afterwards."""
     started = time.monotonic()
 
     def say(text: str) -> None:
@@ -456,91 +519,65 @@ def run(options: DemoOptions, out: TextIO) -> int:
     say("starting the local control plane (API server, kubelet, embedded Kafka)")
     with LocalStack(options.workdir / "cluster", brokers=1) as stack:
         assert stack.info is not None
-        return _on_cluster(options, stack.info, kubectl_path, say)
-
-
-def _on_cluster(
-    options: DemoOptions, cluster: StackInfo, kubectl_path: str, say: Callable[[str], None]
-) -> int:
-    bootstrap = cluster.kafka_bootstrap
-    admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET})
-    topics = [NewTopic(t, options.tasks) for t in (INPUT_TOPIC, OUTPUT_TOPIC)]
-    for future in admin.create_topics(topics).values():
-        future.result(30)
-    say(f"Kafka at {bootstrap}: created the app's input and output topics ({options.tasks} tasks)")
-    feed = InputFeed(bootstrap, options.keys, options.rate)
-    feed.backlog(options.backlog)
-    say(f"produced a backlog of {options.backlog:,} records over {options.keys:,} users")
-
-    kubectl = Kubectl(kubectl_path, cluster.kubeconfig, say)
-    operator = Operator(cluster.kubeconfig, options.workdir / "operator.log")
-    watcher = Watcher(kubectl, operator, bootstrap, options, say)
-    try:
-        return _story(
-            options, kubectl=kubectl, watcher=watcher, feed=feed, bootstrap=bootstrap, say=say
-        )
-    finally:
-        feed.stop()
+        cluster: StackInfo = stack.info
+        bootstrap = cluster.kafka_bootstrap
+        admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET})
+        topics = [NewTopic(t, options.tasks) for t in (INPUT_TOPIC, OUTPUT_TOPIC)]
+        for future in admin.create_topics(topics).values():
+            future.result(30)
+        say(f"Kafka at {bootstrap}: created the input and output topics ({options.tasks} tasks)")
+        feed = InputFeed(bootstrap, options.keys, options.rate)
+        feed.backlog(options.backlog)
+        say(f"produced a backlog of {options.backlog:,} records over {options.keys:,} users")
+        kubectl = Kubectl(kubectl_path, cluster.kubeconfig, say)
+        operator = Operator(cluster.kubeconfig, options.workdir / "operator.log")
+        watcher = Watcher(kubectl, operator, bootstrap, options, say)
+        running = Session(options, bootstrap, kubectl, operator, watcher, feed, say)
         try:
-            kubectl("delete", "-n", NAMESPACE, "streamingapp", APP_NAME, "--wait=false")
-        except DemoError as error:
-            say(f"could not delete the app: {error}")
-        operator.stop()
-        watcher.close()
+            yield running
+        finally:
+            feed.stop()
+            try:
+                kubectl("delete", "-n", NAMESPACE, "streamingapp", APP_NAME, "--wait=false")
+            except DemoError as error:
+                say(f"could not delete the app: {error}")
+            running.operator.stop()
+            watcher.close()
 
 
-def _story(
-    options: DemoOptions,
-    *,
-    kubectl: Kubectl,
-    watcher: Watcher,
-    feed: InputFeed,
-    bootstrap: str,
-    say: Callable[[str], None],
-) -> int:
-    kubectl("create", "namespace", NAMESPACE)
-    manifest = yaml.safe_dump(streaming_app(options, bootstrap), sort_keys=False)
-    kubectl("apply", "-f", "-", stdin=manifest)
+def run(options: DemoOptions, out: TextIO) -> int:
+    """Run the demo, printing the story to `out`; 0 when the final state is exact."""
+    with session(options, out) as running:
+        return _story(running)
+
+
+def _story(running: Session) -> int:
+    options, watcher, say = running.options, running.watcher, running.say
+    running.apply(replicas=1)
     watcher.run_until(lambda: watcher.settled(1), "the first instance running")
     watcher.run_until(lambda: watcher.input_lag() < options.rate * 5, "catching up the backlog")
-    feed.start()
+    running.feed.start()
     say(f"steady input: {options.rate:,} records/s. {watcher.describe()}")
     watcher.hold()
 
     watcher.pauses.reset(time.monotonic())
-    kubectl("scale", "-n", NAMESPACE, "streamingapp", APP_NAME, "--replicas", "2")
-    watcher.run_until(lambda: watcher.status.get("desiredReplicas") == 2, "the scale-out seen")
+    running.scale(2)
     watcher.run_until(lambda: watcher.settled(2), "scale-out to 2")
     say(f"scaled out. {watcher.describe()}")
     watcher.hold()  # the moved tasks' first batches on their new owner fall in this phase
     scale_out_pause = max(watcher.pauses.longest.values(), default=0.0)
 
     watcher.pauses.reset(time.monotonic())
-    kubectl("scale", "-n", NAMESPACE, "streamingapp", APP_NAME, "--replicas", "1")
-    watcher.run_until(lambda: watcher.status.get("desiredReplicas") == 1, "the scale-in seen")
+    running.scale(1)
     watcher.run_until(lambda: watcher.settled(1), "scale-in to 1")
     say(f"scaled in. {watcher.describe()}")
     watcher.hold()
     scale_in_pause = max(watcher.pauses.longest.values(), default=0.0)
-    kubectl("get", "-n", NAMESPACE, "streamingapps")
-    say(kubectl("get", "-n", NAMESPACE, "streamingapps", quiet=True).rstrip())
-
-    sent = feed.stop()
-    say(f"input stopped after {sent:,} records; waiting for the last ones to be processed")
-    watcher.run_until(lambda: watcher.input_lag() == 0, "processing the last records")
-    reference, emitted = read_final_counts(bootstrap, options.tasks)
-    lost = sum(max(0, n - emitted.get(user, 0)) for user, n in reference.items())
-    doubled = sum(max(0, emitted.get(user, 0) - n) for user, n in reference.items())
-    unknown = set(emitted) - set(reference)
+    running.kubectl("get", "-n", NAMESPACE, "streamingapps")
+    say(running.kubectl("get", "-n", NAMESPACE, "streamingapps", quiet=True).rstrip())
     say(
         f"longest stop of any partition: scale-out {scale_out_pause:.1f} s, "
         f"scale-in {scale_in_pause:.1f} s (trigger interval {options.trigger_interval} s, "
         f"lag poll interval {options.poll_interval} s)"
     )
-    exact = lost == 0 and doubled == 0 and not unknown
-    say(
-        f"final state: {len(reference):,} users, {sum(reference.values()):,} records; "
-        f"{lost} updates lost, {doubled} applied twice: " + ("EXACT" if exact else "NOT EXACT")
-    )
-    say(f"tasks ever reported active by two instances at once: {len(watcher.double_owners)}")
-    return 0 if exact and not watcher.double_owners else 1
+    return 0 if running.finish() else 1
