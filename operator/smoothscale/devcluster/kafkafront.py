@@ -20,6 +20,7 @@ It runs an asyncio loop in a background thread of the process that owns the Embe
 
 import asyncio
 import contextlib
+import logging
 import re
 import threading
 from collections.abc import Awaitable, Callable, Mapping
@@ -45,6 +46,10 @@ from smoothscale.devcluster.kafkaprotocol import (
 from smoothscale.kafka.embedded import EmbeddedKafka, EmbeddedKafkaError
 
 T = TypeVar("T")
+
+_log = logging.getLogger(__name__)
+# How a pump ends when its peer closes the connection: not worth a log line.
+_CONNECTION_CLOSED = (asyncio.IncompleteReadError, ConnectionError)
 
 PRODUCE, FETCH, METADATA, FIND_COORDINATOR, API_VERSIONS = 0, 1, 3, 10, 18
 CREATE_TOPICS, DESCRIBE_CONFIGS = 19, 32
@@ -461,7 +466,11 @@ class KafkaFront:
             asyncio.create_task(_write_answers(answers, client_writer)),
         ]
         try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                error = task.exception()
+                if error is not None and not isinstance(error, _CONNECTION_CLOSED):
+                    _log.error("closing a client connection after: %r", error)
         finally:
             for task in tasks:
                 task.cancel()
