@@ -6,7 +6,14 @@ import uuid
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    OffsetSpec,
+)
 
 from smoothscale.devcluster.kafkafront import KafkaFront, KafkaFrontError
 
@@ -141,6 +148,35 @@ def test_topics_created_on_the_broker_describe_kafkas_defaults(kafka_front: Kafk
     name = unique("direct")
     kafka_front.kafka.create_topic(name, 2)
     assert topic_configs(kafka_front, name)["cleanup.policy"] == "delete"
+
+
+def test_incremental_alter_configs_changes_what_describe_configs_says(
+    kafka_front: KafkaFront,
+) -> None:
+    name = unique("altered")
+    kafka_front.kafka.create_topic(name, 1)
+    client = admin(kafka_front)
+    compact = ConfigResource(
+        "topic",
+        name,
+        incremental_configs=[
+            ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
+    (future,) = client.incremental_alter_configs([compact]).values()
+    future.result(10)
+    assert topic_configs(kafka_front, name)["cleanup.policy"] == "compact"
+    bad = ConfigResource(
+        "topic",
+        name,
+        incremental_configs=[
+            ConfigEntry("cleanup.policy", "shred", incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
+    (refused,) = client.incremental_alter_configs([bad]).values()
+    with pytest.raises(KafkaException, match=r"cleanup\.policy"):
+        refused.result(10)
+    assert topic_configs(kafka_front, name)["cleanup.policy"] == "compact"
 
 
 def test_an_unknown_topic_is_not_auto_created(kafka_front: KafkaFront) -> None:
