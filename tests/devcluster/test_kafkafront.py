@@ -6,7 +6,14 @@ import uuid
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    OffsetSpec,
+)
 
 from smoothscale.devcluster.kafkafront import KafkaFront, KafkaFrontError
 
@@ -143,6 +150,35 @@ def test_topics_created_on_the_broker_describe_kafkas_defaults(kafka_front: Kafk
     assert topic_configs(kafka_front, name)["cleanup.policy"] == "delete"
 
 
+def test_incremental_alter_configs_changes_what_describe_configs_says(
+    kafka_front: KafkaFront,
+) -> None:
+    name = unique("altered")
+    kafka_front.kafka.create_topic(name, 1)
+    client = admin(kafka_front)
+    compact = ConfigResource(
+        "topic",
+        name,
+        incremental_configs=[
+            ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
+    (future,) = client.incremental_alter_configs([compact]).values()
+    future.result(10)
+    assert topic_configs(kafka_front, name)["cleanup.policy"] == "compact"
+    bad = ConfigResource(
+        "topic",
+        name,
+        incremental_configs=[
+            ConfigEntry("cleanup.policy", "shred", incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
+    (refused,) = client.incremental_alter_configs([bad]).values()
+    with pytest.raises(KafkaException, match=r"cleanup\.policy"):
+        refused.result(10)
+    assert topic_configs(kafka_front, name)["cleanup.policy"] == "compact"
+
+
 def test_an_unknown_topic_is_not_auto_created(kafka_front: KafkaFront) -> None:
     name = unique("unknown")
     metadata = admin(kafka_front).list_topics(topic=name, timeout=10)
@@ -192,6 +228,11 @@ def test_a_transactional_producer_and_a_subscribed_group_work_through_the_front(
     consumer.close()
     assert keys == {b"%d" % index for index in range(10)}
     assert all(partition.offset > 0 for partition in committed)
+    client = admin(kafka_front)
+    ends = client.list_offsets({TopicPartition(topic, 0): OffsetSpec.latest()}, request_timeout=10)
+    (end,) = ends.values()
+    # The group read to the end; its position may stop before the final commit marker.
+    assert end.result(10).offset in {committed[0].offset, committed[0].offset + 1}
 
 
 def test_compaction_leaves_the_newest_record_per_key_at_its_offset(

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from confluent_kafka.admin import AdminClient, ConfigResource
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from smoothscale.api.models import StreamingApp
 from smoothscale.devcluster.kafkafront import KafkaFront
@@ -130,6 +130,18 @@ def test_an_existing_changelog_that_is_not_compacted_is_a_problem(
     check = ensure(kafka_front, app)
     assert reasons(check) == [("ChangelogRetention", changelog)]
     assert "cleanup.policy=compact" in check.problems[0].message
+
+    admin = AdminClient({"bootstrap.servers": kafka_front.bootstrap_servers})
+    fix = ConfigResource(
+        "topic",
+        changelog,
+        incremental_configs=[
+            ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
+    (future,) = admin.incremental_alter_configs([fix]).values()
+    future.result(10)
+    assert ensure(kafka_front, app).ok
 
 
 def test_an_unreachable_cluster_is_reported_within_the_timeout(kafka_front: KafkaFront) -> None:

@@ -5,8 +5,8 @@ take; librdkafka's mock brokers cannot create topics or describe their configs, 
 a client names, and never compact. The front listens on one loopback port per mock broker and
 forwards every request to its broker, except that it:
 
-- answers CreateTopics (v0-v4) and DescribeConfigs (v0-v1, topics) itself, creating topics
-  through the EmbeddedKafka and remembering their configs;
+- answers CreateTopics (v0-v4), DescribeConfigs (v0-v1) and IncrementalAlterConfigs (v0) for
+  topics itself, creating topics through the EmbeddedKafka and keeping their configs;
 - turns off allow_auto_topic_creation in Metadata requests, so an unknown topic is
   UNKNOWN_TOPIC_OR_PARTITION and is not created (auto.create.topics.enable=false);
 - rewrites broker addresses in Metadata and FindCoordinator responses to its own listeners, and
@@ -20,6 +20,7 @@ It runs an asyncio loop in a background thread of the process that owns the Embe
 
 import asyncio
 import contextlib
+import logging
 import re
 import threading
 from collections.abc import Awaitable, Callable, Mapping
@@ -46,16 +47,24 @@ from smoothscale.kafka.embedded import EmbeddedKafka, EmbeddedKafkaError
 
 T = TypeVar("T")
 
+_log = logging.getLogger(__name__)
+# How a pump ends when its peer closes the connection: not worth a log line.
+_CONNECTION_CLOSED = (asyncio.IncompleteReadError, ConnectionError)
+
 PRODUCE, FETCH, METADATA, FIND_COORDINATOR, API_VERSIONS = 0, 1, 3, 10, 18
-CREATE_TOPICS, DESCRIBE_CONFIGS = 19, 32
-_ALTER_CONFIGS, _INCREMENTAL_ALTER_CONFIGS, _DESCRIBE_CLUSTER = 33, 44, 60
+CREATE_TOPICS, DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 19, 32, 44
+_ALTER_CONFIGS, _DESCRIBE_CLUSTER = 33, 60
 
 # Highest version the front lets clients use of the APIs whose responses it parses or that
 # carry broker addresses in later versions.
 _VERSION_CAPS = {PRODUCE: 8, FETCH: 11, METADATA: 8, FIND_COORDINATOR: 2}
-_ANSWERED_HERE = {CREATE_TOPICS: (0, 4), DESCRIBE_CONFIGS: (0, 1)}
+_ANSWERED_HERE = {
+    CREATE_TOPICS: (0, 4),
+    DESCRIBE_CONFIGS: (0, 1),
+    INCREMENTAL_ALTER_CONFIGS: (0, 0),
+}
 # APIs the mock advertises that would bypass the front's topic configs or leak broker addresses.
-_HIDDEN = {_ALTER_CONFIGS, _INCREMENTAL_ALTER_CONFIGS, _DESCRIBE_CLUSTER}
+_HIDDEN = {_ALTER_CONFIGS, _DESCRIBE_CLUSTER}
 
 _NONE = 0
 _UNKNOWN_TOPIC_OR_PARTITION = 3
@@ -67,6 +76,8 @@ _INVALID_CONFIG = 40
 _INVALID_REQUEST = 42
 
 _TOPIC_RESOURCE = 2
+_TOPICS_ONLY = "this dev cluster keeps the configs of topics only"
+_SET, _DELETE, _APPEND, _SUBTRACT = 0, 1, 2, 3  # IncrementalAlterConfigs operations
 _DYNAMIC_TOPIC_CONFIG = 1
 _DEFAULT_CONFIG = 5
 
@@ -367,15 +378,9 @@ class KafkaFront:
                 else "Replication factor must be larger than 0."
             )
         for config, value in configs.items():
-            if config not in TOPIC_CONFIG_DEFAULTS:
-                return _INVALID_CONFIG, f"Unknown topic config name: {config}"
-            if value is None:
-                return _INVALID_CONFIG, f"Null value not supported for topic config {config}"
-            if config == "cleanup.policy" and not set(value.split(",")) <= {"compact", "delete"}:
-                return _INVALID_CONFIG, (
-                    f"Invalid value {value} for configuration cleanup.policy: use compact, "
-                    "delete or compact,delete"
-                )
+            problem = _config_problem(config, value)
+            if problem is not None:
+                return _INVALID_CONFIG, problem
         return _NONE, None
 
     def _create_topic(
@@ -396,6 +401,58 @@ class KafkaFront:
         self._configs[name] = {k: v for k, v in configs.items() if v is not None}
         return _NONE, None
 
+    async def _incremental_alter_configs(self, _version: int, body: Reader) -> bytes:
+        """IncrementalAlterConfigs v0 for topics: SET, DELETE (back to the default), APPEND and
+        SUBTRACT (list configs such as cleanup.policy); each resource all or nothing."""
+        resources = []
+        for _ in range(body.array_length()):
+            resource_type = body.int8()
+            name = body.string()
+            operations = []
+            for _ in range(max(body.array_length(), 0)):
+                config = body.string()
+                operations.append((config, body.int8(), body.nullable_string()))
+            resources.append((resource_type, name, operations))
+        validate_only = body.boolean()
+        existing = await self._topic_layouts()
+        answer = Writer().int32(0).int32(len(resources))
+        for resource_type, name, operations in resources:
+            message: str | None
+            if resource_type != _TOPIC_RESOURCE:
+                error_code, message = _INVALID_REQUEST, _TOPICS_ONLY
+            elif name not in existing:
+                error_code, message = _UNKNOWN_TOPIC_OR_PARTITION, f"Topic '{name}' does not exist."
+            else:
+                error_code, message = self._alter_topic_configs(name, operations, validate_only)
+            answer.int16(error_code).nullable_string(message)
+            answer.int8(resource_type).nullable_string(name)
+        return answer.bytes()
+
+    def _alter_topic_configs(
+        self, topic: str, operations: list[tuple[str, int, str | None]], validate_only: bool
+    ) -> tuple[int, str | None]:
+        configs = dict(self._configs.get(topic, {}))
+        for config, operation, value in operations:
+            if operation == _DELETE:
+                configs.pop(config, None)
+                continue
+            if operation not in (_SET, _APPEND, _SUBTRACT) or value is None:
+                return _INVALID_REQUEST, f"config {config}: operation {operation} needs a value"
+            if operation == _SET:
+                configs[config] = value
+            else:
+                items = configs.get(config, TOPIC_CONFIG_DEFAULTS.get(config, "")).split(",")
+                items = [item for item in items if item and item != value]
+                if operation == _APPEND:
+                    items.append(value)
+                configs[config] = ",".join(items)
+            problem = _config_problem(config, configs[config])
+            if problem is not None:
+                return _INVALID_CONFIG, problem
+        if not validate_only:
+            self._configs[topic] = configs
+        return _NONE, None
+
     async def _describe_configs(self, version: int, body: Reader) -> bytes:
         resources = []
         for _ in range(body.array_length()):
@@ -408,9 +465,7 @@ class KafkaFront:
         answer = Writer().int32(0).int32(len(resources))
         for resource_type, name, keys in resources:
             if resource_type != _TOPIC_RESOURCE:
-                answer.int16(_INVALID_REQUEST).nullable_string(
-                    "this dev cluster describes the configs of topics only"
-                )
+                answer.int16(_INVALID_REQUEST).nullable_string(_TOPICS_ONLY)
                 answer.int8(resource_type).nullable_string(name).int32(0)
                 continue
             if name not in existing:
@@ -461,7 +516,11 @@ class KafkaFront:
             asyncio.create_task(_write_answers(answers, client_writer)),
         ]
         try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                error = task.exception()
+                if error is not None and not isinstance(error, _CONNECTION_CLOSED):
+                    _log.error("closing a client connection after: %r", error)
         finally:
             for task in tasks:
                 task.cancel()
@@ -501,6 +560,8 @@ class KafkaFront:
             return self._create_topics
         if api_key == DESCRIBE_CONFIGS:
             return self._describe_configs
+        if api_key == INCREMENTAL_ALTER_CONFIGS:
+            return self._incremental_alter_configs
         return None
 
     async def _pump_responses(
@@ -629,6 +690,20 @@ class KafkaFront:
 
     def __repr__(self) -> str:
         return f"KafkaFront({self.bootstrap_servers} -> {self.kafka.bootstrap_servers})"
+
+
+def _config_problem(config: str, value: str | None) -> str | None:
+    """Why Kafka would refuse topic config `config`=`value`, or None."""
+    if config not in TOPIC_CONFIG_DEFAULTS:
+        return f"Unknown topic config name: {config}"
+    if value is None:
+        return f"Null value not supported for topic config {config}"
+    if config == "cleanup.policy" and not set(value.split(",")) <= {"compact", "delete"}:
+        return (
+            f"Invalid value {value} for configuration cleanup.policy: use compact, delete or "
+            "compact,delete"
+        )
+    return None
 
 
 async def _as_coroutine(awaitable: Awaitable[T]) -> T:

@@ -173,7 +173,7 @@ class RequestHeader:
 
 
 # The first flexible version of the request APIs whose header the front must read past.
-_FIRST_FLEXIBLE_REQUEST = {0: 9, 1: 12, 3: 9, 10: 3, 18: 3, 19: 5, 32: 4}
+_FIRST_FLEXIBLE_REQUEST = {0: 9, 1: 12, 3: 9, 10: 3, 18: 3, 19: 5, 32: 4, 44: 1}
 
 
 def read_request_header(request: bytes) -> RequestHeader:

@@ -159,7 +159,11 @@ class TopicManager:
     def _create(self, missing: list[NewTopic], problems: list[TopicProblem]) -> list[str]:
         if not missing:
             return []
-        futures = self._client().create_topics(missing, request_timeout=self._timeout)
+        try:
+            futures = self._client().create_topics(missing, request_timeout=self._timeout)
+        except KafkaException as refusal:
+            problems.append(self._unreachable(refusal))
+            return []
         created = []
         for name, future in futures.items():
             try:
@@ -187,7 +191,10 @@ class TopicManager:
         if not changelogs:
             return []
         resources = [ConfigResource("topic", changelog) for changelog in changelogs]
-        futures = self._client().describe_configs(resources, request_timeout=self._timeout)
+        try:
+            futures = self._client().describe_configs(resources, request_timeout=self._timeout)
+        except KafkaException as error:
+            return [self._unreachable(error)]
         problems = []
         for resource, future in futures.items():
             try:
