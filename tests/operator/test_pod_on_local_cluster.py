@@ -43,6 +43,8 @@ def test_the_example_apps_pod_starts_its_worker_with_its_config(
     example = yaml.safe_load((REPOSITORY / "examples" / "streamingapp.yaml").read_text())
     example["metadata"]["namespace"] = namespace
     example["spec"]["kafka"]["bootstrapServers"] = local_cluster.kafka_bootstrap
+    # The pipeline's package (examples/) is importable from the checkout, as an image has it.
+    example["spec"]["env"].append({"name": "PYTHONPATH", "value": str(REPOSITORY)})
     api = KubeApi.from_kubeconfig(local_cluster.kubeconfig)
     name = ""
     try:

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.cluster]
 
 
-def options(tmp_path: Path) -> DemoOptions:
+def options(tmp_path: Path, **changes: float) -> DemoOptions:
     return DemoOptions(
         workdir=tmp_path,
         tasks=4,
@@ -26,6 +26,7 @@ def options(tmp_path: Path) -> DemoOptions:
         hold=3,
         phase_timeout=300,
         examples_root=ROOT,
+        **changes,
     )
 
 
@@ -60,7 +61,7 @@ def test_scaling_back_in_the_middle_of_a_scale_out_then_to_zero_and_up_again(
         watcher.run_until(lambda: moving(running), "a warm-up on the new pod")
         running.scale(1)  # changed our mind mid-scale: re-plan from where things are
         watcher.run_until(lambda: watcher.settled(1), "back to one instance")
-        assert pods(running) == [f"{APP_NAME}-0"], out.getvalue()
+        watcher.run_until(lambda: pods(running) == [f"{APP_NAME}-0"], "the drained pod gone")
 
         running.scale(0)
         watcher.run_until(
@@ -103,5 +104,20 @@ def test_the_operator_killed_mid_hand_over_and_its_status_wiped_resumes_exactly(
         running.restart_operator()
         running.scale(1)
         watcher.run_until(lambda: watcher.settled(1), "the scale-in")
-        assert pods(running) == [f"{APP_NAME}-0"], out.getvalue()
+        watcher.run_until(lambda: pods(running) == [f"{APP_NAME}-0"], "the drained pod gone")
+        assert running.finish(), out.getvalue()
+
+
+def test_a_drain_that_times_out_moves_the_tasks_anyway_with_a_warning(tmp_path: Path) -> None:
+    out = io.StringIO()
+    with session(options(tmp_path, drain_timeout=0.5), out) as running:
+        watcher = running.watcher
+        running.apply(replicas=2)
+        watcher.run_until(lambda: watcher.settled(2), "two instances running")
+        running.feed.start()
+        running.scale(1)
+        watcher.run_until(lambda: watcher.settled(1), "the scale-in")
+        watcher.run_until(lambda: pods(running) == [f"{APP_NAME}-0"], "the drained pod gone")
+        story = out.getvalue()
+        assert "warning DrainTimeout" in story, story
         assert running.finish(), out.getvalue()

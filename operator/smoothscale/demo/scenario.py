@@ -65,6 +65,8 @@ class DemoOptions:
     prints and measures."""
     acceptable_recovery_lag: int = 10_000
     max_warmup_replicas: int = 2
+    drain_timeout: float = 300.0
+    """spec.scaling.drainTimeout in seconds."""
     hold: float = 15.0
     """Seconds each replica count runs in steady state before the next change."""
     phase_timeout: float = 600.0
@@ -248,7 +250,7 @@ def streaming_app(options: DemoOptions, bootstrap_servers: str) -> dict[str, Any
                 "maxWarmupReplicas": options.max_warmup_replicas,
                 "lagPollInterval": seconds,
                 "probingInterval": "10s",
-                "drainTimeout": "5m",
+                "drainTimeout": f"{round(options.drain_timeout * 1000)}ms",
             },
         },
     }
