@@ -3,7 +3,11 @@
 `Cluster` below plays the instances' side of docs/architecture.md: an instance holds a task
 active from the moment it is assigned active until it has released it; when its assignment
 drops an active task it releases it (immediately, or after some polls, as a micro-batch may
-take); warm-ups and standbys catch up by a fixed number of records per poll.
+take); warm-ups and standbys catch up by a fixed number of records per poll. Each task's
+changelog remembers the highest epoch written to it: an instance refuses an activation below
+it, and an active finds itself fenced once a higher one is there. A pod recreated under the
+same name starts empty, while its predecessor's reports linger in Kafka until it commits its
+own.
 """
 
 from dataclasses import dataclass, field
@@ -11,13 +15,16 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from smoothscale.kafka.assignments import Assignment
+from smoothscale.kafka.assignments import Assignment, TaskAssignment
 from smoothscale.kafka.progress import ReportedRole, TaskProgress, TaskReport
 from smoothscale.operator.handover import (
+    HandOver,
     InstanceStatus,
     Ledger,
     Observation,
+    Ownership,
     Step,
+    forget,
     step,
 )
 from smoothscale.planner.model import PlannerConfig
@@ -35,6 +42,9 @@ class Replica:
     epoch: int = 0
     release_in: int | None = None
     """Polls until a revoked active is released; None when not revoked."""
+    generation: int = 0
+    """The generation of the assignment the instance last applied."""
+    seen_epoch: int | None = None
 
 
 @dataclass
@@ -51,6 +61,12 @@ class Cluster:
     polls: int = 0
     draining: set[str] = field(default_factory=set)
     history: list[Step] = field(default_factory=list)
+    changelog_epochs: dict[TaskId, int] = field(default_factory=dict)
+    """The highest epoch each task's changelog holds (epoch markers written by activations)."""
+    lingering: dict[tuple[str, TaskId], TaskProgress] = field(default_factory=dict)
+    """Reports of pods that were replaced, still committed under their (reused) name."""
+    activated: dict[tuple[TaskId, int], str] = field(default_factory=dict)
+    """Which instance activated each task at each epoch."""
 
     def start(self, *names: str) -> None:
         for name in names:
@@ -61,11 +77,30 @@ class Cluster:
         self.draining.discard(name)
         self.pending.pop(name, None)
 
+    def recreate(self, name: str) -> None:
+        """The pod `name` is replaced by a new, empty one; the operator forgets the old one."""
+        self.lingering.update(
+            {(n, t): p for (n, t), p in self.observe().progress.items() if n == name}
+        )
+        self.instances[name] = {}
+        self.pending.pop(name, None)
+        self.ledger, _events = forget(self.ledger, name)
+
     def observe(self) -> Observation:
         progress = {
+            key: report for key, report in self.lingering.items() if key[0] in self.instances
+        }
+        progress |= {
             (name, task): TaskProgress(
                 name,
-                TaskReport(task, replica.role, replica.epoch, 0, {"counts": 10 * task}),
+                TaskReport(
+                    task,
+                    replica.role,
+                    replica.epoch,
+                    replica.generation,
+                    {"counts": 10 * task},
+                    seen_epoch=replica.seen_epoch,
+                ),
                 0 if replica.role is ReportedRole.ACTIVE else replica.lag,
             )
             for name, replicas in self.instances.items()
@@ -106,10 +141,27 @@ class Cluster:
                 replica.release_in = self.release_delay
             elif replica.role is not ReportedRole.RELEASED:
                 del replicas[task]
+        for task in replicas:
+            self.lingering.pop((name, task), None)
+        for replica in replicas.values():
+            replica.generation = assignment.generation
         for task, held in assignment.tasks.items():
-            replica = replicas.setdefault(task, Replica())
+            replica = replicas.setdefault(task, Replica(generation=assignment.generation))
+            self.lingering.pop((name, task), None)
             if held.role is TaskRole.ACTIVE:
-                assert replica.role is not ReportedRole.ACTIVE or replica.epoch == held.epoch
+                if replica.role is ReportedRole.ACTIVE and replica.epoch == held.epoch:
+                    continue
+                seen = self.changelog_epochs.get(task, 0)
+                if held.epoch <= seen:
+                    replica.role, replica.epoch, replica.seen_epoch = (
+                        ReportedRole.REFUSED,
+                        held.epoch,
+                        seen,
+                    )
+                    continue
+                first = self.activated.setdefault((task, held.epoch), name)
+                assert first == name, f"task {task} epoch {held.epoch} given to {first} and {name}"
+                self.changelog_epochs[task] = held.epoch
                 replica.role, replica.epoch, replica.lag, replica.release_in = (
                     ReportedRole.ACTIVE,
                     held.epoch,
@@ -122,8 +174,15 @@ class Cluster:
 
     def _advance(self) -> None:
         for replicas in self.instances.values():
-            for replica in replicas.values():
-                if replica.release_in is not None:
+            for task, replica in replicas.items():
+                seen = self.changelog_epochs.get(task, 0)
+                if replica.role is ReportedRole.ACTIVE and seen > replica.epoch:
+                    replica.role, replica.seen_epoch, replica.release_in = (
+                        ReportedRole.FENCED,
+                        seen,
+                        None,
+                    )
+                elif replica.release_in is not None:
                     if replica.release_in == 0:
                         replica.role, replica.release_in = ReportedRole.RELEASED, None
                     else:
@@ -306,6 +365,116 @@ def test_scale_to_zero_releases_every_task_before_the_instances_go() -> None:
         assert cluster.actives() in ({"a": [0, 1]}, {"a": []}, {"a": [0]}, {"a": [1]})
     assert result.drained == ("a",)
     assert all(r.role is ReportedRole.RELEASED for r in cluster.instances.get("a", {}).values())
+
+
+def test_a_failover_after_a_hand_over_does_not_inherit_its_restore_until() -> None:
+    cluster, task = mid_hand_over(release_delay=0)
+    while cluster.active_holders(task) != ["b"]:
+        cluster.poll()
+    assert cluster.ledger.tasks[task].restore_until is not None
+    cluster.kill("b")
+    failover = cluster.poll()
+    assert failover.writes["a"].tasks[task].role is TaskRole.ACTIVE
+    assert failover.writes["a"].tasks[task].restore_until is None
+
+
+def test_an_owner_that_refuses_the_task_fails_it_over_above_the_changelogs_epoch() -> None:
+    cluster = Cluster(tasks=1)
+    cluster.changelog_epochs[0] = 4  # written by an owner the operator no longer remembers
+    cluster.start("a")
+    cluster.poll()
+    assert cluster.instances["a"][0].role is ReportedRole.REFUSED
+    failover = cluster.poll()
+    assert failover.writes["a"].tasks[0].epoch == 5
+    assert any("refused" in event for event in failover.events)
+    cluster.run_until_settled()
+    assert cluster.actives() == {"a": [0]}
+
+
+def test_a_fenced_owner_fails_the_task_over_to_a_higher_epoch() -> None:
+    cluster = Cluster(tasks=2)
+    cluster.start("a", "b")
+    cluster.run_until_settled()
+    cluster.changelog_epochs[1] = 7  # a zombie wrote a newer marker
+    cluster.poll()
+    assert cluster.instances["b"][1].role is ReportedRole.FENCED
+    cluster.run_until_settled()
+    assert cluster.ledger.tasks[1].epoch == 8
+    assert cluster.actives() == {"a": [0], "b": [1]}
+
+
+def test_a_live_report_of_a_higher_epoch_raises_the_next_owners_epoch() -> None:
+    ledger = Ledger(
+        generation=3,
+        tasks={0: Ownership(epoch=2)},
+        assignments={"a": Assignment(generation=3, tasks={})},
+        joined={"a": 1},
+    )
+    seen = TaskProgress("a", TaskReport(0, ReportedRole.STANDBY, 6, 3, {"counts": 0}), 0)
+    result = step(ledger, Observation({"a": InstanceStatus()}, {("a", 0): seen}), 1, CONFIG)
+    assert result.writes["a"].tasks[0].epoch == 7
+
+
+def test_a_release_counts_only_at_the_hand_overs_epoch() -> None:
+    ledger = Ledger(
+        generation=5,
+        tasks={0: Ownership(epoch=2, handover=HandOver("a", "b"))},
+        assignments={
+            "a": Assignment(generation=5, tasks={}),
+            "b": Assignment(generation=5, tasks={0: TaskAssignment(role=TaskRole.WARMUP, epoch=2)}),
+        },
+        joined={"a": 1, "b": 4},
+    )
+    other = TaskProgress("a", TaskReport(0, ReportedRole.RELEASED, 3, 5, {"counts": 9}), 0)
+    statuses = {"a": InstanceStatus(), "b": InstanceStatus()}
+    result = step(ledger, Observation(statuses, {("a", 0): other}), 1, CONFIG)
+    assert result.ledger.tasks[0].handover == HandOver("a", "b")
+    assert "b" not in result.writes
+
+
+def test_an_earlier_pods_reports_never_make_a_recreated_pod_caught_up() -> None:
+    # b's new pod is warming task 1 up from an empty disk; its predecessor's report of the same
+    # role and epoch, lag 0, is still committed under the name b.
+    ledger = Ledger(
+        generation=5,
+        tasks={0: Ownership(epoch=1, active="a"), 1: Ownership(epoch=1, active="a")},
+        assignments={
+            "a": Assignment(
+                generation=4,
+                tasks={
+                    0: TaskAssignment(role=TaskRole.ACTIVE, epoch=1),
+                    1: TaskAssignment(role=TaskRole.ACTIVE, epoch=1),
+                },
+            ),
+            "b": Assignment(generation=5, tasks={1: TaskAssignment(role=TaskRole.WARMUP, epoch=1)}),
+        },
+        joined={"a": 1, "b": 5},
+    )
+    progress = {
+        ("a", t): TaskProgress("a", TaskReport(t, ReportedRole.ACTIVE, 1, 4, {"counts": 0}), 0)
+        for t in (0, 1)
+    }
+    progress[("b", 1)] = TaskProgress(
+        "b", TaskReport(1, ReportedRole.WARMUP, 1, 3, {"counts": 0}), 0
+    )
+    statuses = {"a": InstanceStatus(), "b": InstanceStatus()}
+    result = step(ledger, Observation(statuses, progress), 2, CONFIG)
+    assert result.ledger.tasks[1] == Ownership(epoch=1, active="a")
+
+
+def test_a_recreated_pod_starts_as_a_new_instance_and_its_tasks_fail_over() -> None:
+    cluster = Cluster(tasks=2, catch_up_per_poll=0)
+    cluster.start("a", "b")
+    cluster.run_until_settled()
+    before = cluster.ledger.generation
+    cluster.recreate("b")
+    result = cluster.poll()
+    assert result.writes["b"].generation > before
+    assert result.ledger.joined["b"] == result.writes["b"].generation
+    assert cluster.ledger.tasks[1].epoch == 2, "the task b's old pod held fails over"
+    for _ in range(5):
+        cluster.poll()
+    assert cluster.actives() == {"a": [0], "b": [1]}
 
 
 @settings(max_examples=60, deadline=None)
