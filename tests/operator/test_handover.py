@@ -7,7 +7,9 @@ take); warm-ups and standbys catch up by a fixed number of records per poll. Eac
 changelog remembers the highest epoch written to it: an instance refuses an activation below
 it, and an active finds itself fenced once a higher one is there. A pod recreated under the
 same name starts empty, while its predecessor's reports linger in Kafka until it commits its
-own.
+own. The operator persists each poll as it does for real: the ledger record, then the
+assignments, then the status; it can be killed between any two of these writes and restarts
+from `rebuild()`.
 """
 
 from dataclasses import dataclass, field
@@ -27,6 +29,7 @@ from smoothscale.operator.handover import (
     forget,
     step,
 )
+from smoothscale.operator.ledger import rebuild
 from smoothscale.planner.model import PlannerConfig
 from smoothscale.tasks import TaskId, TaskRole
 
@@ -67,6 +70,14 @@ class Cluster:
     """Reports of pods that were replaced, still committed under their (reused) name."""
     activated: dict[tuple[TaskId, int], str] = field(default_factory=dict)
     """Which instance activated each task at each epoch."""
+    kafka_ledger: Ledger | None = None
+    kafka_assignments: dict[str, Assignment] = field(default_factory=dict)
+    statuses: list[Ledger] = field(default_factory=list)
+    """Every status written, the newest last."""
+    highest_generation: int = 0
+    """The highest generation written to Kafka so far."""
+    highest_epochs: dict[TaskId, int] = field(default_factory=dict)
+    """The highest epoch of each task written to Kafka so far."""
 
     def start(self, *names: str) -> None:
         for name in names:
@@ -109,12 +120,31 @@ class Cluster:
         statuses = {name: InstanceStatus(draining=name in self.draining) for name in self.instances}
         return Observation(instances=statuses, progress=progress)
 
-    def poll(self) -> Step:
+    def poll(self, killed_after_writes: int | None = None) -> Step:
+        """One poll of the operator; `killed_after_writes`: it dies after that many writes."""
         result = step(self.ledger, self.observe(), self.tasks, CONFIG)
+        self._check_nothing_goes_back(result)
         self.ledger = result.ledger
         self.history.append(result)
-        self.pending.update(result.writes)
-        for name in result.drained:
+        writes: list[tuple[str, Assignment | None]] = [("ledger record", None)]
+        writes += sorted(result.writes.items())
+        writes += [(name, None) for name in result.forget]
+        writes += [("status", None)]
+        for what, assignment in writes[:killed_after_writes]:
+            if what == "ledger record":
+                self.kafka_ledger = result.ledger
+                for task, owner in result.ledger.tasks.items():
+                    self.highest_epochs[task] = owner.epoch
+            elif what == "status":
+                self.statuses.append(result.ledger)
+            elif assignment is None:
+                self.kafka_assignments.pop(what, None)
+            else:
+                self.kafka_assignments[what] = assignment
+                self.pending[what] = assignment
+                self.highest_generation = assignment.generation
+        drained = result.drained if killed_after_writes is None else ()
+        for name in drained:
             owned = [
                 t
                 for t, o in result.ledger.tasks.items()
@@ -131,6 +161,27 @@ class Cluster:
             self.pending.clear()
         self._advance()
         return result
+
+    def restart_operator(self, status: str) -> None:
+        """A new operator process: its ledger rebuilt from the `status` ("kept", "lost" or
+        "older" than Kafka) and what Kafka holds."""
+        kept = {
+            "kept": self.statuses[-1] if self.statuses else None,
+            "lost": None,
+            "older": self.statuses[-3] if len(self.statuses) >= 3 else None,
+        }[status]
+        self.ledger = rebuild(
+            kept, self.kafka_ledger, self.kafka_assignments, self.observe().progress
+        )
+
+    def _check_nothing_goes_back(self, result: Step) -> None:
+        """Nothing the operator is about to write is older than what Kafka already has."""
+        for assignment in result.writes.values():
+            assert assignment.generation > self.highest_generation, "a generation went back"
+            for task, held in assignment.tasks.items():
+                assert held.epoch >= self.highest_epochs.get(task, 0), f"task {task}'s epoch"
+        for task, owner in result.ledger.tasks.items():
+            assert owner.epoch >= self.highest_epochs.get(task, 0), f"task {task}'s epoch"
 
     def _apply(self, name: str, assignment: Assignment) -> None:
         replicas = self.instances[name]
@@ -477,7 +528,7 @@ def test_a_recreated_pod_starts_as_a_new_instance_and_its_tasks_fail_over() -> N
     assert cluster.actives() == {"a": [0], "b": [1]}
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     tasks=st.integers(1, 10),
     before=st.integers(1, 4),
@@ -486,6 +537,14 @@ def test_a_recreated_pod_starts_as_a_new_instance_and_its_tasks_fail_over() -> N
     apply_every=st.integers(1, 3),
     kill_at=st.one_of(st.none(), st.integers(0, 6)),
     rescale=st.one_of(st.none(), st.tuples(st.integers(1, 16), st.integers(1, 5))),
+    recreate_at=st.one_of(st.none(), st.integers(0, 8)),
+    zombie_at=st.one_of(st.none(), st.tuples(st.integers(0, 8), st.integers(0, 9))),
+    restarts=st.lists(
+        st.tuples(
+            st.integers(0, 12), st.integers(0, 6), st.sampled_from(["kept", "lost", "older"])
+        ),
+        max_size=4,
+    ),
 )
 def test_never_two_active_holders_and_always_settles_balanced(
     tasks: int,
@@ -495,7 +554,12 @@ def test_never_two_active_holders_and_always_settles_balanced(
     apply_every: int,
     kill_at: int | None,
     rescale: tuple[int, int] | None,
+    recreate_at: int | None,
+    zombie_at: tuple[int, int] | None,
+    restarts: list[tuple[int, int, str]],
 ) -> None:
+    """Also with pods recreated under their name, zombies writing newer epoch markers, and the
+    operator killed between any two of its writes and restarted with a lost or older status."""
     cluster = Cluster(tasks=tasks, release_delay=release_delay, apply_every=apply_every)
     cluster.start(*(f"i{n}" for n in range(before)))
     cluster.run_until_settled()
@@ -516,7 +580,15 @@ def test_never_two_active_holders_and_always_settles_balanced(
             cluster.kill(victim)
             if was_kept:
                 cluster.start(f"{victim}-again")
-        result = cluster.poll()
+        if recreate_at is not None and poll == recreate_at:
+            cluster.recreate(sorted(cluster.instances)[-1])
+        if zombie_at is not None and poll == zombie_at[0]:
+            task = zombie_at[1] % tasks
+            cluster.changelog_epochs[task] = cluster.changelog_epochs.get(task, 0) + 2
+        restart = next(((cut, status) for at, cut, status in restarts if at == poll), None)
+        result = cluster.poll(killed_after_writes=None if restart is None else restart[0])
+        if restart is not None:
+            cluster.restart_operator(restart[1])
         for task in range(tasks):
             assert len(cluster.active_holders(task)) <= 1
     assert not result.plan.moves

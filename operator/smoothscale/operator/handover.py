@@ -159,7 +159,7 @@ def step(ledger: Ledger, observed: Observation, tasks: int, config: PlannerConfi
     owners = {t: _survive(ledger.ownership(t), t, live, events) for t in range(tasks)}
     owners = {t: _drop_refused(o, t, fresh, events) for t, o in owners.items()}
     owners = {t: _raise_epoch(o, t, fresh, events) for t, o in owners.items()}
-    owners = {t: _finish_release(o, t, fresh, events) for t, o in owners.items()}
+    owners = {t: finish_release(o, t, fresh, events) for t, o in owners.items()}
 
     the_plan = plan(_cluster_state(ledger, owners, fresh, live, config))
     desired = the_plan.assignment
@@ -289,8 +289,9 @@ def _raise_epoch(owner: Ownership, task: TaskId, fresh: Reports, events: list[st
     return Ownership(epoch=shown)
 
 
-def _finish_release(owner: Ownership, task: TaskId, fresh: Reports, events: list[str]) -> Ownership:
-    """Complete a hand-over whose source has reported the task released at its epoch."""
+def finish_release(owner: Ownership, task: TaskId, fresh: Reports, events: list[str]) -> Ownership:
+    """Complete a hand-over whose source has reported the task released at its epoch (also
+    used by the ledger's rebuild, so a release is acted on the same way after a restart)."""
     handover = owner.handover
     if handover is None:
         return owner
