@@ -483,9 +483,9 @@ def test_a_release_counts_only_at_the_hand_overs_epoch() -> None:
     assert "b" not in result.writes
 
 
-def test_an_earlier_pods_reports_never_make_a_recreated_pod_caught_up() -> None:
-    # b's new pod is warming task 1 up from an empty disk; its predecessor's report of the same
-    # role and epoch, lag 0, is still committed under the name b.
+def _task_1_after_b_reports(role: ReportedRole, epoch: int, generation: int) -> Ownership:
+    """a owns tasks 0 and 1; b, whose current pod got its first assignment at generation 5,
+    warms task 1 up at epoch 1. b reports task 1 with lag 0 as given: is a hand-over begun?"""
     ledger = Ledger(
         generation=5,
         tasks={0: Ownership(epoch=1, active="a"), 1: Ownership(epoch=1, active="a")},
@@ -505,12 +505,23 @@ def test_an_earlier_pods_reports_never_make_a_recreated_pod_caught_up() -> None:
         ("a", t): TaskProgress("a", TaskReport(t, ReportedRole.ACTIVE, 1, 4, {"counts": 0}), 0)
         for t in (0, 1)
     }
-    progress[("b", 1)] = TaskProgress(
-        "b", TaskReport(1, ReportedRole.WARMUP, 1, 3, {"counts": 0}), 0
-    )
+    progress[("b", 1)] = TaskProgress("b", TaskReport(1, role, epoch, generation, {"counts": 0}), 0)
     statuses = {"a": InstanceStatus(), "b": InstanceStatus()}
-    result = step(ledger, Observation(statuses, progress), 2, CONFIG)
-    assert result.ledger.tasks[1] == Ownership(epoch=1, active="a")
+    return step(ledger, Observation(statuses, progress), 2, CONFIG).ledger.tasks[1]
+
+
+def test_a_caught_up_warmup_reporting_what_it_was_given_takes_the_task_over() -> None:
+    assert _task_1_after_b_reports(ReportedRole.WARMUP, 1, 5).handover == HandOver("a", "b")
+
+
+def test_an_earlier_pods_reports_never_make_a_recreated_pod_caught_up() -> None:
+    # The predecessor's report of the same role and epoch is still committed under the name b.
+    assert _task_1_after_b_reports(ReportedRole.WARMUP, 1, 3).handover is None
+
+
+def test_a_report_of_another_role_or_epoch_than_given_is_not_counted_for_lag() -> None:
+    assert _task_1_after_b_reports(ReportedRole.STANDBY, 1, 5).handover is None
+    assert _task_1_after_b_reports(ReportedRole.WARMUP, 0, 5).handover is None
 
 
 def test_a_recreated_pod_starts_as_a_new_instance_and_its_tasks_fail_over() -> None:
