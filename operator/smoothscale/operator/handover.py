@@ -4,7 +4,8 @@ The planner says where tasks should be; this module says what to tell each insta
 that they get there without a task ever having two active owners (docs/architecture.md, "The
 hand-over"). It is pure: no I/O, no clock. Each lag poll the operator calls `step()` with the
 ledger it kept from the last poll and what it observed, writes the assignments it returns, and
-keeps the new ledger (in the StreamingApp status, so a restarted operator resumes mid-hand-over).
+keeps the new ledger (in Kafka before the assignments, then in the StreamingApp status; see
+smoothscale.operator.ledger), so a restarted operator resumes mid-hand-over.
 
 A hand-over of task t from S to D runs over several polls:
 1. The plan moves t's active to D (D is caught up). `step()` writes S an assignment without t
