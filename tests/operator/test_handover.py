@@ -3,7 +3,13 @@
 `Cluster` below plays the instances' side of docs/architecture.md: an instance holds a task
 active from the moment it is assigned active until it has released it; when its assignment
 drops an active task it releases it (immediately, or after some polls, as a micro-batch may
-take); warm-ups and standbys catch up by a fixed number of records per poll.
+take); warm-ups and standbys catch up by a fixed number of records per poll. Each task's
+changelog remembers the highest epoch written to it: an instance refuses an activation below
+it, and an active finds itself fenced once a higher one is there. A pod recreated under the
+same name starts empty, while its predecessor's reports linger in Kafka until it commits its
+own. The operator persists each poll as it does for real: the ledger record, then the
+assignments, then the status; it can be killed between any two of these writes and restarts
+from `rebuild()`.
 """
 
 from dataclasses import dataclass, field
@@ -11,15 +17,19 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from smoothscale.kafka.assignments import Assignment
+from smoothscale.kafka.assignments import Assignment, TaskAssignment
 from smoothscale.kafka.progress import ReportedRole, TaskProgress, TaskReport
 from smoothscale.operator.handover import (
+    HandOver,
     InstanceStatus,
     Ledger,
     Observation,
+    Ownership,
     Step,
+    forget,
     step,
 )
+from smoothscale.operator.ledger import rebuild
 from smoothscale.planner.model import PlannerConfig
 from smoothscale.tasks import TaskId, TaskRole
 
@@ -35,6 +45,9 @@ class Replica:
     epoch: int = 0
     release_in: int | None = None
     """Polls until a revoked active is released; None when not revoked."""
+    generation: int = 0
+    """The generation of the assignment the instance last applied."""
+    seen_epoch: int | None = None
 
 
 @dataclass
@@ -51,6 +64,20 @@ class Cluster:
     polls: int = 0
     draining: set[str] = field(default_factory=set)
     history: list[Step] = field(default_factory=list)
+    changelog_epochs: dict[TaskId, int] = field(default_factory=dict)
+    """The highest epoch each task's changelog holds (epoch markers written by activations)."""
+    lingering: dict[tuple[str, TaskId], TaskProgress] = field(default_factory=dict)
+    """Reports of pods that were replaced, still committed under their (reused) name."""
+    activated: dict[tuple[TaskId, int], str] = field(default_factory=dict)
+    """Which instance activated each task at each epoch."""
+    kafka_ledger: Ledger | None = None
+    kafka_assignments: dict[str, Assignment] = field(default_factory=dict)
+    statuses: list[Ledger] = field(default_factory=list)
+    """Every status written, the newest last."""
+    highest_generation: int = 0
+    """The highest generation written to Kafka so far."""
+    highest_epochs: dict[TaskId, int] = field(default_factory=dict)
+    """The highest epoch of each task written to Kafka so far."""
 
     def start(self, *names: str) -> None:
         for name in names:
@@ -61,11 +88,30 @@ class Cluster:
         self.draining.discard(name)
         self.pending.pop(name, None)
 
+    def recreate(self, name: str) -> None:
+        """The pod `name` is replaced by a new, empty one; the operator forgets the old one."""
+        self.lingering.update(
+            {(n, t): p for (n, t), p in self.observe().progress.items() if n == name}
+        )
+        self.instances[name] = {}
+        self.pending.pop(name, None)
+        self.ledger, _events = forget(self.ledger, name)
+
     def observe(self) -> Observation:
         progress = {
+            key: report for key, report in self.lingering.items() if key[0] in self.instances
+        }
+        progress |= {
             (name, task): TaskProgress(
                 name,
-                TaskReport(task, replica.role, replica.epoch, 0, {"counts": 10 * task}),
+                TaskReport(
+                    task,
+                    replica.role,
+                    replica.epoch,
+                    replica.generation,
+                    {"counts": 10 * task},
+                    seen_epoch=replica.seen_epoch,
+                ),
                 0 if replica.role is ReportedRole.ACTIVE else replica.lag,
             )
             for name, replicas in self.instances.items()
@@ -74,12 +120,31 @@ class Cluster:
         statuses = {name: InstanceStatus(draining=name in self.draining) for name in self.instances}
         return Observation(instances=statuses, progress=progress)
 
-    def poll(self) -> Step:
+    def poll(self, killed_after_writes: int | None = None) -> Step:
+        """One poll of the operator; `killed_after_writes`: it dies after that many writes."""
         result = step(self.ledger, self.observe(), self.tasks, CONFIG)
+        self._check_nothing_goes_back(result)
         self.ledger = result.ledger
         self.history.append(result)
-        self.pending.update(result.writes)
-        for name in result.drained:
+        writes: list[tuple[str, Assignment | None]] = [("ledger record", None)]
+        writes += sorted(result.writes.items())
+        writes += [(name, None) for name in result.forget]
+        writes += [("status", None)]
+        for what, assignment in writes[:killed_after_writes]:
+            if what == "ledger record":
+                self.kafka_ledger = result.ledger
+                for task, owner in result.ledger.tasks.items():
+                    self.highest_epochs[task] = owner.epoch
+            elif what == "status":
+                self.statuses.append(result.ledger)
+            elif assignment is None:
+                self.kafka_assignments.pop(what, None)
+            else:
+                self.kafka_assignments[what] = assignment
+                self.pending[what] = assignment
+                self.highest_generation = assignment.generation
+        drained = result.drained if killed_after_writes is None else ()
+        for name in drained:
             owned = [
                 t
                 for t, o in result.ledger.tasks.items()
@@ -97,6 +162,27 @@ class Cluster:
         self._advance()
         return result
 
+    def restart_operator(self, status: str) -> None:
+        """A new operator process: its ledger rebuilt from the `status` ("kept", "lost" or
+        "older" than Kafka) and what Kafka holds."""
+        kept = {
+            "kept": self.statuses[-1] if self.statuses else None,
+            "lost": None,
+            "older": self.statuses[-3] if len(self.statuses) >= 3 else None,
+        }[status]
+        self.ledger = rebuild(
+            kept, self.kafka_ledger, self.kafka_assignments, self.observe().progress
+        )
+
+    def _check_nothing_goes_back(self, result: Step) -> None:
+        """Nothing the operator is about to write is older than what Kafka already has."""
+        for assignment in result.writes.values():
+            assert assignment.generation > self.highest_generation, "a generation went back"
+            for task, held in assignment.tasks.items():
+                assert held.epoch >= self.highest_epochs.get(task, 0), f"task {task}'s epoch"
+        for task, owner in result.ledger.tasks.items():
+            assert owner.epoch >= self.highest_epochs.get(task, 0), f"task {task}'s epoch"
+
     def _apply(self, name: str, assignment: Assignment) -> None:
         replicas = self.instances[name]
         for task, replica in list(replicas.items()):
@@ -106,10 +192,27 @@ class Cluster:
                 replica.release_in = self.release_delay
             elif replica.role is not ReportedRole.RELEASED:
                 del replicas[task]
+        for task in replicas:
+            self.lingering.pop((name, task), None)
+        for replica in replicas.values():
+            replica.generation = assignment.generation
         for task, held in assignment.tasks.items():
-            replica = replicas.setdefault(task, Replica())
+            replica = replicas.setdefault(task, Replica(generation=assignment.generation))
+            self.lingering.pop((name, task), None)
             if held.role is TaskRole.ACTIVE:
-                assert replica.role is not ReportedRole.ACTIVE or replica.epoch == held.epoch
+                if replica.role is ReportedRole.ACTIVE and replica.epoch == held.epoch:
+                    continue
+                seen = self.changelog_epochs.get(task, 0)
+                if held.epoch <= seen:
+                    replica.role, replica.epoch, replica.seen_epoch = (
+                        ReportedRole.REFUSED,
+                        held.epoch,
+                        seen,
+                    )
+                    continue
+                first = self.activated.setdefault((task, held.epoch), name)
+                assert first == name, f"task {task} epoch {held.epoch} given to {first} and {name}"
+                self.changelog_epochs[task] = held.epoch
                 replica.role, replica.epoch, replica.lag, replica.release_in = (
                     ReportedRole.ACTIVE,
                     held.epoch,
@@ -122,8 +225,15 @@ class Cluster:
 
     def _advance(self) -> None:
         for replicas in self.instances.values():
-            for replica in replicas.values():
-                if replica.release_in is not None:
+            for task, replica in replicas.items():
+                seen = self.changelog_epochs.get(task, 0)
+                if replica.role is ReportedRole.ACTIVE and seen > replica.epoch:
+                    replica.role, replica.seen_epoch, replica.release_in = (
+                        ReportedRole.FENCED,
+                        seen,
+                        None,
+                    )
+                elif replica.release_in is not None:
                     if replica.release_in == 0:
                         replica.role, replica.release_in = ReportedRole.RELEASED, None
                     else:
@@ -308,7 +418,128 @@ def test_scale_to_zero_releases_every_task_before_the_instances_go() -> None:
     assert all(r.role is ReportedRole.RELEASED for r in cluster.instances.get("a", {}).values())
 
 
-@settings(max_examples=60, deadline=None)
+def test_a_failover_after_a_hand_over_does_not_inherit_its_restore_until() -> None:
+    cluster, task = mid_hand_over(release_delay=0)
+    while cluster.active_holders(task) != ["b"]:
+        cluster.poll()
+    assert cluster.ledger.tasks[task].restore_until is not None
+    cluster.kill("b")
+    failover = cluster.poll()
+    assert failover.writes["a"].tasks[task].role is TaskRole.ACTIVE
+    assert failover.writes["a"].tasks[task].restore_until is None
+
+
+def test_an_owner_that_refuses_the_task_fails_it_over_above_the_changelogs_epoch() -> None:
+    cluster = Cluster(tasks=1)
+    cluster.changelog_epochs[0] = 4  # written by an owner the operator no longer remembers
+    cluster.start("a")
+    cluster.poll()
+    assert cluster.instances["a"][0].role is ReportedRole.REFUSED
+    failover = cluster.poll()
+    assert failover.writes["a"].tasks[0].epoch == 5
+    assert any("refused" in event for event in failover.events)
+    cluster.run_until_settled()
+    assert cluster.actives() == {"a": [0]}
+
+
+def test_a_fenced_owner_fails_the_task_over_to_a_higher_epoch() -> None:
+    cluster = Cluster(tasks=2)
+    cluster.start("a", "b")
+    cluster.run_until_settled()
+    cluster.changelog_epochs[1] = 7  # a zombie wrote a newer marker
+    cluster.poll()
+    assert cluster.instances["b"][1].role is ReportedRole.FENCED
+    cluster.run_until_settled()
+    assert cluster.ledger.tasks[1].epoch == 8
+    assert cluster.actives() == {"a": [0], "b": [1]}
+
+
+def test_a_live_report_of_a_higher_epoch_raises_the_next_owners_epoch() -> None:
+    ledger = Ledger(
+        generation=3,
+        tasks={0: Ownership(epoch=2)},
+        assignments={"a": Assignment(generation=3, tasks={})},
+        joined={"a": 1},
+    )
+    seen = TaskProgress("a", TaskReport(0, ReportedRole.STANDBY, 6, 3, {"counts": 0}), 0)
+    result = step(ledger, Observation({"a": InstanceStatus()}, {("a", 0): seen}), 1, CONFIG)
+    assert result.writes["a"].tasks[0].epoch == 7
+
+
+def test_a_release_counts_only_at_the_hand_overs_epoch() -> None:
+    ledger = Ledger(
+        generation=5,
+        tasks={0: Ownership(epoch=2, handover=HandOver("a", "b"))},
+        assignments={
+            "a": Assignment(generation=5, tasks={}),
+            "b": Assignment(generation=5, tasks={0: TaskAssignment(role=TaskRole.WARMUP, epoch=2)}),
+        },
+        joined={"a": 1, "b": 4},
+    )
+    other = TaskProgress("a", TaskReport(0, ReportedRole.RELEASED, 3, 5, {"counts": 9}), 0)
+    statuses = {"a": InstanceStatus(), "b": InstanceStatus()}
+    result = step(ledger, Observation(statuses, {("a", 0): other}), 1, CONFIG)
+    assert result.ledger.tasks[0].handover == HandOver("a", "b")
+    assert "b" not in result.writes
+
+
+def _task_1_after_b_reports(role: ReportedRole, epoch: int, generation: int) -> Ownership:
+    """a owns tasks 0 and 1; b, whose current pod got its first assignment at generation 5,
+    warms task 1 up at epoch 1. b reports task 1 with lag 0 as given: is a hand-over begun?"""
+    ledger = Ledger(
+        generation=5,
+        tasks={0: Ownership(epoch=1, active="a"), 1: Ownership(epoch=1, active="a")},
+        assignments={
+            "a": Assignment(
+                generation=4,
+                tasks={
+                    0: TaskAssignment(role=TaskRole.ACTIVE, epoch=1),
+                    1: TaskAssignment(role=TaskRole.ACTIVE, epoch=1),
+                },
+            ),
+            "b": Assignment(generation=5, tasks={1: TaskAssignment(role=TaskRole.WARMUP, epoch=1)}),
+        },
+        joined={"a": 1, "b": 5},
+    )
+    progress = {
+        ("a", t): TaskProgress("a", TaskReport(t, ReportedRole.ACTIVE, 1, 4, {"counts": 0}), 0)
+        for t in (0, 1)
+    }
+    progress[("b", 1)] = TaskProgress("b", TaskReport(1, role, epoch, generation, {"counts": 0}), 0)
+    statuses = {"a": InstanceStatus(), "b": InstanceStatus()}
+    return step(ledger, Observation(statuses, progress), 2, CONFIG).ledger.tasks[1]
+
+
+def test_a_caught_up_warmup_reporting_what_it_was_given_takes_the_task_over() -> None:
+    assert _task_1_after_b_reports(ReportedRole.WARMUP, 1, 5).handover == HandOver("a", "b")
+
+
+def test_an_earlier_pods_reports_never_make_a_recreated_pod_caught_up() -> None:
+    # The predecessor's report of the same role and epoch is still committed under the name b.
+    assert _task_1_after_b_reports(ReportedRole.WARMUP, 1, 3).handover is None
+
+
+def test_a_report_of_another_role_or_epoch_than_given_is_not_counted_for_lag() -> None:
+    assert _task_1_after_b_reports(ReportedRole.STANDBY, 1, 5).handover is None
+    assert _task_1_after_b_reports(ReportedRole.WARMUP, 0, 5).handover is None
+
+
+def test_a_recreated_pod_starts_as_a_new_instance_and_its_tasks_fail_over() -> None:
+    cluster = Cluster(tasks=2, catch_up_per_poll=0)
+    cluster.start("a", "b")
+    cluster.run_until_settled()
+    before = cluster.ledger.generation
+    cluster.recreate("b")
+    result = cluster.poll()
+    assert result.writes["b"].generation > before
+    assert result.ledger.joined["b"] == result.writes["b"].generation
+    assert cluster.ledger.tasks[1].epoch == 2, "the task b's old pod held fails over"
+    for _ in range(5):
+        cluster.poll()
+    assert cluster.actives() == {"a": [0], "b": [1]}
+
+
+@settings(max_examples=100, deadline=None)
 @given(
     tasks=st.integers(1, 10),
     before=st.integers(1, 4),
@@ -317,6 +548,14 @@ def test_scale_to_zero_releases_every_task_before_the_instances_go() -> None:
     apply_every=st.integers(1, 3),
     kill_at=st.one_of(st.none(), st.integers(0, 6)),
     rescale=st.one_of(st.none(), st.tuples(st.integers(1, 16), st.integers(1, 5))),
+    recreate_at=st.one_of(st.none(), st.integers(0, 8)),
+    zombie_at=st.one_of(st.none(), st.tuples(st.integers(0, 8), st.integers(0, 9))),
+    restarts=st.lists(
+        st.tuples(
+            st.integers(0, 12), st.integers(0, 6), st.sampled_from(["kept", "lost", "older"])
+        ),
+        max_size=4,
+    ),
 )
 def test_never_two_active_holders_and_always_settles_balanced(
     tasks: int,
@@ -326,7 +565,12 @@ def test_never_two_active_holders_and_always_settles_balanced(
     apply_every: int,
     kill_at: int | None,
     rescale: tuple[int, int] | None,
+    recreate_at: int | None,
+    zombie_at: tuple[int, int] | None,
+    restarts: list[tuple[int, int, str]],
 ) -> None:
+    """Also with pods recreated under their name, zombies writing newer epoch markers, and the
+    operator killed between any two of its writes and restarted with a lost or older status."""
     cluster = Cluster(tasks=tasks, release_delay=release_delay, apply_every=apply_every)
     cluster.start(*(f"i{n}" for n in range(before)))
     cluster.run_until_settled()
@@ -347,7 +591,15 @@ def test_never_two_active_holders_and_always_settles_balanced(
             cluster.kill(victim)
             if was_kept:
                 cluster.start(f"{victim}-again")
-        result = cluster.poll()
+        if recreate_at is not None and poll == recreate_at:
+            cluster.recreate(sorted(cluster.instances)[-1])
+        if zombie_at is not None and poll == zombie_at[0]:
+            task = zombie_at[1] % tasks
+            cluster.changelog_epochs[task] = cluster.changelog_epochs.get(task, 0) + 2
+        restart = next(((cut, status) for at, cut, status in restarts if at == poll), None)
+        result = cluster.poll(killed_after_writes=None if restart is None else restart[0])
+        if restart is not None:
+            cluster.restart_operator(restart[1])
         for task in range(tasks):
             assert len(cluster.active_holders(task)) <= 1
     assert not result.plan.moves

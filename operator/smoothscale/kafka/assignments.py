@@ -203,8 +203,8 @@ def read_assignments(
                 raise TimeoutError(f"could not read {topic!r} to its end within {timeout} s")
             for message in consumer.consume(num_messages=500, timeout=0.5):
                 key = message.key()
-                if message.error() is not None or key is None:
-                    continue
+                if message.error() is not None or key is None or key.startswith(b"\0"):
+                    continue  # not an instance's record (the operator's ledger)
                 instance_id = key.decode()
                 value = message.value()
                 if value is None:

@@ -10,9 +10,12 @@ The operator reads every instance's reports with one OffsetFetch per instance an
 end offsets with one ListOffsets request for all partitions, so a poll costs O(instances)
 requests whatever the number of tasks:
 
-    lag(task, instance) = sum over stores of (changelog end offset - reported restore position)
+    lag(task, instance) = sum over stores of max(0, end offset - reported restore position)
 
-The end offset is the last stable offset (read_committed), the furthest a restore can get.
+The end offset is the one the instance reported with its positions (`ends`) when it measured
+one: its own consistent view, so a warm-up that keeps pace with a busy owner is seen as caught
+up instead of always one poll behind. Otherwise it is the current last stable offset
+(read_committed), the furthest a restore can get.
 """
 
 import json
@@ -192,6 +195,9 @@ class ProgressReader:
         self._timeout = timeout
         self._consumers: dict[str, Consumer] = {}
         self._admin = AdminClient(self._config)
+        self.unreadable_reports = 0
+        """How many committed reports did not parse (a newer or broken instance) and were
+        skipped, since this reader was made: a counter for the operator's metrics."""
 
     def end_offsets(self, tasks: int) -> dict[tuple[str, TaskId], int]:
         """The last stable offset of every changelog partition, per (store, task)."""
@@ -243,22 +249,33 @@ class ProgressReader:
                 partition.offset
             )
             metadata.setdefault(partition.partition, partition.metadata)
-        found = {
-            task: parse_report(task, metadata[task], store_positions)
-            for task, store_positions in positions.items()
-        }
-        return {task: report for task, report in found.items() if report is not None}
+        found: dict[TaskId, TaskReport] = {}
+        for task, store_positions in positions.items():
+            if not metadata[task]:
+                continue  # an offset committed by something else than a smoothscale instance
+            report = parse_report(task, metadata[task], store_positions)
+            if report is None:
+                self.unreadable_reports += 1
+            else:
+                found[task] = report
+        return found
 
     def read(
         self, instance_ids: Iterable[str], tasks: int
     ) -> dict[tuple[str, TaskId], TaskProgress]:
-        """Every instance's report per task, with its lag against the current end offsets."""
+        """Every instance's report per task, with its lag: against the end offsets the report
+        carries, else against the current ones."""
         ends = self.end_offsets(tasks)
         progress: dict[tuple[str, TaskId], TaskProgress] = {}
         for instance_id in instance_ids:
             for task, report in self.reports(instance_id, tasks).items():
+                seen_ends = report.ends or {}
                 lag = sum(
-                    max(0, ends.get((store, task), 0) - report.positions.get(store, 0))
+                    max(
+                        0,
+                        seen_ends.get(store, ends.get((store, task), 0))
+                        - report.positions.get(store, 0),
+                    )
                     for store in self._changelog_topics
                 )
                 progress[(instance_id, task)] = TaskProgress(instance_id, report, lag)

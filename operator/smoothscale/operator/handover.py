@@ -4,7 +4,8 @@ The planner says where tasks should be; this module says what to tell each insta
 that they get there without a task ever having two active owners (docs/architecture.md, "The
 hand-over"). It is pure: no I/O, no clock. Each lag poll the operator calls `step()` with the
 ledger it kept from the last poll and what it observed, writes the assignments it returns, and
-keeps the new ledger (in the StreamingApp status, so a restarted operator resumes mid-hand-over).
+keeps the new ledger (in Kafka before the assignments, then in the StreamingApp status; see
+smoothscale.operator.ledger), so a restarted operator resumes mid-hand-over.
 
 A hand-over of task t from S to D runs over several polls:
 1. The plan moves t's active to D (D is caught up). `step()` writes S an assignment without t
@@ -22,9 +23,17 @@ If S dies before it releases, D takes the task at once (a failover: the epoch ma
 fences anything S might still write). If D dies first, the operator still waits for S's release
 (S may be mid-batch), then the task fails over to the most caught-up live instance, which is
 usually S itself.
+
+Only fresh, matching reports count. A report whose generation is below the first one written to
+its instance comes from an earlier pod of the same name (its disk is gone); a lag counts only
+when the report's role and epoch are the ones last given to that instance for the task; a
+release counts only at the hand-over's own epoch. Epochs never go backwards: a report showing
+a higher epoch than the ledger's raises it, and an owner that reports the task `refused` or
+`fenced` (the changelog holds a newer epoch) does not hold it, so the task fails over above
+that epoch at once.
 """
 
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field, replace
 
 from smoothscale.kafka.assignments import Assignment, TaskAssignment
@@ -66,9 +75,44 @@ class Ledger:
     tasks: Mapping[TaskId, Ownership] = field(default_factory=dict)
     assignments: Mapping[InstanceId, Assignment] = field(default_factory=dict)
     """The assignment last written to each live instance."""
+    joined: Mapping[InstanceId, int] = field(default_factory=dict)
+    """Per live instance, the generation of the first assignment written to it: its reports
+    from below it were made by an earlier pod of the same name, whose state is gone."""
 
     def ownership(self, task: TaskId) -> Ownership:
         return self.tasks.get(task, Ownership())
+
+
+def forget(ledger: Ledger, instance: InstanceId) -> tuple[Ledger, tuple[str, ...]]:
+    """The ledger once `instance`'s pod has been replaced (same name, new uid), and why.
+
+    The old pod is gone with its disk: its tasks are taken from it as if the instance had died,
+    and the new pod is a new instance, given its first assignment at the next `step()`, from
+    which on its reports count."""
+    events: list[str] = []
+    gone = {instance}
+    tasks = {
+        task: _survive(owner, task, _Without(gone), events) for task, owner in ledger.tasks.items()
+    }
+    return (
+        replace(
+            ledger,
+            tasks=tasks,
+            assignments={i: a for i, a in ledger.assignments.items() if i != instance},
+            joined={i: g for i, g in ledger.joined.items() if i != instance},
+        ),
+        tuple(events),
+    )
+
+
+@dataclass(frozen=True)
+class _Without(Container[InstanceId]):
+    """Every instance but the ones named: those replaced."""
+
+    gone: Container[InstanceId]
+
+    def __contains__(self, instance: object) -> bool:
+        return instance not in self.gone
 
 
 @dataclass(frozen=True)
@@ -112,13 +156,16 @@ def step(ledger: Ledger, observed: Observation, tasks: int, config: PlannerConfi
     """Advance every task one safe step towards the plan for what was observed."""
     events: list[str] = []
     live = observed.instances
+    fresh = _fresh_reports(ledger, observed)
     owners = {t: _survive(ledger.ownership(t), t, live, events) for t in range(tasks)}
-    owners = {t: _finish_release(o, t, observed, events) for t, o in owners.items()}
+    owners = {t: _drop_refused(o, t, fresh, events) for t, o in owners.items()}
+    owners = {t: _raise_epoch(o, t, fresh, events) for t, o in owners.items()}
+    owners = {t: finish_release(o, t, fresh, events) for t, o in owners.items()}
 
-    the_plan = plan(_cluster_state(ledger, owners, observed, tasks, config))
+    the_plan = plan(_cluster_state(ledger, owners, fresh, live, config))
     desired = the_plan.assignment
     for task in range(tasks):
-        owners[task] = _follow_plan(owners[task], task, desired, observed, events)
+        owners[task] = _follow_plan(owners[task], task, desired, fresh, events)
 
     assignments = {
         instance: _assignment_for(instance, owners, desired) for instance in sorted(live)
@@ -136,6 +183,7 @@ def step(ledger: Ledger, observed: Observation, tasks: int, config: PlannerConfi
     written = {
         instance: writes.get(instance) or ledger.assignments[instance] for instance in assignments
     }
+    joined = {instance: ledger.joined.get(instance, generation) for instance in written}
     drained = tuple(
         instance
         for instance, status in sorted(live.items())
@@ -144,7 +192,7 @@ def step(ledger: Ledger, observed: Observation, tasks: int, config: PlannerConfi
         and not any(o.handover and o.handover.source == instance for o in owners.values())
     )
     return Step(
-        ledger=Ledger(generation=generation, tasks=owners, assignments=written),
+        ledger=Ledger(generation=generation, tasks=owners, assignments=written, joined=joined),
         plan=the_plan,
         writes=writes,
         forget=tuple(sorted(set(ledger.assignments) - set(live))),
@@ -153,8 +201,23 @@ def step(ledger: Ledger, observed: Observation, tasks: int, config: PlannerConfi
     )
 
 
+Reports = Mapping[tuple[InstanceId, TaskId], TaskProgress]
+
+
+def _fresh_reports(ledger: Ledger, observed: Observation) -> Reports:
+    """The reports made by the live instances' current pods: at or above the generation of the
+    first assignment written to each (an instance never written to has no report yet)."""
+    return {
+        (instance, task): progress
+        for (instance, task), progress in observed.progress.items()
+        if instance in observed.instances
+        and instance in ledger.joined
+        and progress.report.generation >= ledger.joined[instance]
+    }
+
+
 def _survive(
-    owner: Ownership, task: TaskId, live: Mapping[InstanceId, InstanceStatus], events: list[str]
+    owner: Ownership, task: TaskId, live: Container[InstanceId], events: list[str]
 ) -> Ownership:
     """The ownership of `task` once the instances that are gone are taken out of it."""
     handover = owner.handover
@@ -176,22 +239,68 @@ def _survive(
             return replace(owner, handover=HandOver(handover.source, None))
     if owner.active is not None and owner.active not in live:
         events.append(f"task {task}: active owner {owner.active} is gone")
-        return replace(owner, active=None)
+        # A failover: the next owner restores to the changelog's end, never to the positions
+        # of a release that came before the owner that died.
+        return Ownership(epoch=owner.epoch)
     return owner
 
 
-def _finish_release(
-    owner: Ownership, task: TaskId, observed: Observation, events: list[str]
-) -> Ownership:
-    """Complete a hand-over whose source has reported the task released."""
+_NOT_HOLDING = (ReportedRole.REFUSED, ReportedRole.FENCED)
+
+
+def _drop_refused(owner: Ownership, task: TaskId, fresh: Reports, events: list[str]) -> Ownership:
+    """Take `task` from an owner that reports it does not hold it (refused or fenced at the
+    current epoch): nobody processes it, so it fails over at once above the changelog's epoch."""
+    holder = owner.handover.source if owner.handover is not None else owner.active
+    progress = fresh.get((holder, task)) if holder is not None else None
+    if (
+        progress is None
+        or progress.report.role not in _NOT_HOLDING
+        or progress.report.epoch != owner.epoch
+    ):
+        return owner
+    seen = max(owner.epoch, progress.report.seen_epoch or 0)
+    events.append(
+        f"task {task}: {holder} reports it {progress.report.role.value} (the changelog holds "
+        f"epoch {seen}); it fails over at once above it (epoch {seen + 1})"
+    )
+    return Ownership(epoch=seen)
+
+
+def _raise_epoch(owner: Ownership, task: TaskId, fresh: Reports, events: list[str]) -> Ownership:
+    """Raise `task`'s epoch to the highest a live instance reports, so the next owner's epoch
+    is above every epoch the changelog may hold (after a lost or older ledger).
+
+    An owner given a lower epoch than the task has seen is fenced by the changelog: the task
+    fails over. A hand-over in flight is left to finish first (its release is at its epoch)."""
+    shown = max(
+        (
+            max(progress.report.epoch, progress.report.seen_epoch or 0)
+            for (_instance, reported), progress in fresh.items()
+            if reported == task
+        ),
+        default=0,
+    )
+    if shown <= owner.epoch or owner.handover is not None:
+        return owner
+    events.append(
+        f"task {task}: a report shows epoch {shown}, above the {owner.epoch} recorded; "
+        f"it fails over at once above it (epoch {shown + 1})"
+    )
+    return Ownership(epoch=shown)
+
+
+def finish_release(owner: Ownership, task: TaskId, fresh: Reports, events: list[str]) -> Ownership:
+    """Complete a hand-over whose source has reported the task released at its epoch (also
+    used by the ledger's rebuild, so a release is acted on the same way after a restart)."""
     handover = owner.handover
     if handover is None:
         return owner
-    report = observed.progress.get((handover.source, task))
+    report = fresh.get((handover.source, task))
     if report is None or report.report.role is not ReportedRole.RELEASED:
         return owner
-    if report.report.epoch < owner.epoch:
-        return owner  # a release from an earlier ownership; wait for this one's
+    if report.report.epoch != owner.epoch:
+        return owner  # a release from another ownership; wait for this one's
     positions = dict(report.report.positions)
     if handover.destination is None:
         events.append(f"task {task}: {handover.source} released it at {positions}")
@@ -206,14 +315,15 @@ def _finish_release(
 def _cluster_state(
     ledger: Ledger,
     owners: Mapping[TaskId, Ownership],
-    observed: Observation,
-    tasks: int,
+    fresh: Reports,
+    live: Mapping[InstanceId, InstanceStatus],
     config: PlannerConfig,
 ) -> ClusterState:
     """The planner's view: decided owners are active (hand-overs count as done), the rest of
-    each instance's roles as last written, and the lags as reported."""
+    each instance's roles as last written, and the lags of the reports that match them."""
+    tasks = len(owners)
     instances = []
-    for instance, status in sorted(observed.instances.items()):
+    for instance, status in sorted(live.items()):
         roles: dict[TaskId, TaskRole] = {}
         written = ledger.assignments.get(instance)
         if written is not None:
@@ -225,8 +335,8 @@ def _cluster_state(
                 roles[task] = TaskRole.ACTIVE
         lags = {
             task: progress.lag
-            for (reporter, task), progress in observed.progress.items()
-            if reporter == instance and task < tasks
+            for (reporter, task), progress in fresh.items()
+            if reporter == instance and task < tasks and _matches(ledger, progress)
         }
         instances.append(
             Instance(
@@ -241,6 +351,19 @@ def _cluster_state(
     return ClusterState(tasks=list(range(tasks)), instances=instances, config=config)
 
 
+def _matches(ledger: Ledger, progress: TaskProgress) -> bool:
+    """Whether a report is about the role and epoch last given to its instance for its task
+    (a task given active but not yet activated still reports `warmup`)."""
+    written = ledger.assignments.get(progress.instance_id)
+    given = written.tasks.get(progress.report.task) if written is not None else None
+    if given is None or given.epoch != progress.report.epoch:
+        return False
+    reported = progress.report.role
+    if given.role is TaskRole.ACTIVE:
+        return reported in (ReportedRole.ACTIVE, ReportedRole.WARMUP)
+    return reported.value == given.role.value
+
+
 def _decided_owner(owner: Ownership) -> InstanceId | None:
     return owner.handover.destination if owner.handover is not None else owner.active
 
@@ -249,7 +372,7 @@ def _follow_plan(
     owner: Ownership,
     task: TaskId,
     desired: Mapping[InstanceId, Mapping[TaskId, TaskRole]],
-    observed: Observation,
+    fresh: Reports,
     events: list[str],
 ) -> Ownership:
     """The ownership of `task` after the plan's move for it, if any, has been started."""
@@ -260,7 +383,7 @@ def _follow_plan(
     )
     if planned == owner.active:
         return owner
-    if owner.active is not None and not _confirmed(owner, task, observed):
+    if owner.active is not None and not _confirmed(owner, task, fresh):
         # Its owner has not reported it active yet: it may never have seen the assignment
         # that made it the owner, and could then neither process nor release the task.
         return owner
@@ -273,7 +396,7 @@ def _follow_plan(
     if owner.active is None:
         events.append(f"task {task}: {planned} takes it over at once (epoch {owner.epoch + 1})")
         return Ownership(epoch=owner.epoch + 1, active=planned, restore_until=owner.restore_until)
-    progress = observed.progress.get((planned, task))
+    progress = fresh.get((planned, task))
     lag = "unknown" if progress is None else str(progress.lag)
     events.append(
         f"task {task}: handing over from {owner.active} to {planned} (lag {lag}); "
@@ -282,13 +405,13 @@ def _follow_plan(
     return Ownership(epoch=owner.epoch, handover=HandOver(owner.active, planned))
 
 
-def _confirmed(owner: Ownership, task: TaskId, observed: Observation) -> bool:
+def _confirmed(owner: Ownership, task: TaskId, fresh: Reports) -> bool:
     """Whether the active owner has reported holding `task` active at the current epoch."""
-    progress = observed.progress.get((owner.active, task)) if owner.active else None
+    progress = fresh.get((owner.active, task)) if owner.active else None
     return (
         progress is not None
         and progress.report.role is ReportedRole.ACTIVE
-        and progress.report.epoch >= owner.epoch
+        and progress.report.epoch == owner.epoch
     )
 
 

@@ -44,10 +44,11 @@ from smoothscale.operator.handover import (
     Ledger,
     Observation,
     Step,
+    forget,
     step,
 )
 from smoothscale.operator.kafka_client import MissingSecretError, client_config
-from smoothscale.operator.ledger import LedgerStore, rebuild
+from smoothscale.operator.ledger import LedgerRecord, rebuild
 from smoothscale.operator.metrics import OperatorMetrics, TaskLag
 from smoothscale.operator.observe import PodView, observe_pods, pods_path
 from smoothscale.operator.pods import (
@@ -98,7 +99,7 @@ class _KafkaClients:
     topics: TopicManager
     reader: ProgressReader
     writer: AssignmentWriter
-    ledgers: LedgerStore
+    ledgers: LedgerRecord
 
     def close(self) -> None:
         self.topics.close()
@@ -208,7 +209,7 @@ class AppController:
         try:
             # Observe the instances' reports, and the memory (read from Kafka when lost).
             config = planner_config(scaling)
-            ledger, rewrite_all = self._memory(kafka, statuses, live, tasks, config)
+            ledger, rewrite_all = self._memory(kafka, statuses, live, tasks)
             progress = kafka.reader.read(statuses, tasks)
             problems += _report_problems(progress)
 
@@ -296,7 +297,7 @@ class AppController:
             topics=TopicManager({"bootstrap.servers": bootstrap, **config}),
             reader=ProgressReader(bootstrap, app_id, stores, config),
             writer=AssignmentWriter(bootstrap, app_id, config),
-            ledgers=LedgerStore(bootstrap, app_id, config),
+            ledgers=LedgerRecord(bootstrap, app_id, config),
         )
         self.ledger = None
         return self._kafka
@@ -348,44 +349,25 @@ class AppController:
         statuses: Mapping[str, InstanceStatus],
         live: Mapping[str, PodView],
         tasks: int,
-        config: PlannerConfig,
     ) -> tuple[Ledger, bool]:
         """The ledger, and whether every assignment must be written again: kept in memory
         between polls; after a start or a failed act, rebuilt from what Kafka holds (the
-        ledger record, the assignment records, the reports).
-
-        A pod re-created under a known name is a new instance with an empty disk: the old one
-        is gone. The ledger first takes one step without it (its tasks fail over, hand-overs
-        it was part of end as they do when an instance dies), so the new pod starts from
-        nothing, like any new instance."""
+        ledger record, the assignment records, the reports). A pod re-created under a known
+        name is a new instance with an empty disk: the old one is gone (`forget`)."""
         ledger = self.ledger
         rewrite = ledger is None
         if ledger is None:
             kafka_ledger, assignments = kafka.ledgers.read()
-            reports = kafka.reader.read(statuses, self._task_count(kafka_ledger, assignments))
-            ledger = rebuild(kafka_ledger, assignments, reports)
-        replaced = {
-            name for name, pod in live.items() if self._pod_uids.get(name) not in (None, pod.uid)
-        }
-        if replaced:
-            log.info("pods re-created under the same name: %s", sorted(replaced))
-            others = {n: s for n, s in statuses.items() if n not in replaced}
-            progress = kafka.reader.read(others, tasks)
-            gone = step(ledger, Observation(others, progress), tasks, config)
-            for message in gone.events:
-                self.events("Warning", "InstanceReplaced", message)
-            ledger = gone.ledger
-            rewrite = True
-        for name, pod in live.items():
+            reports = kafka.reader.read(statuses, tasks)
+            ledger = rebuild(None, kafka_ledger, assignments, reports)
+        for name, pod in sorted(live.items()):
+            if self._pod_uids.get(name) not in (None, pod.uid):
+                ledger, events = forget(ledger, name)
+                for message in events:
+                    self.events("Warning", "InstanceReplaced", f"{name} was re-created: {message}")
+                rewrite = True
             self._pod_uids[name] = pod.uid
         return ledger, rewrite
-
-    @staticmethod
-    def _task_count(ledger: Ledger | None, assignments: Mapping[str, Any]) -> int:
-        known = set(ledger.tasks) if ledger is not None else set()
-        for assignment in assignments.values():
-            known |= set(assignment.tasks)
-        return max(known, default=-1) + 1
 
     # Act --------------------------------------------------------------------------------
 
