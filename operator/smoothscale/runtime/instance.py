@@ -35,7 +35,14 @@ from smoothscale.kafka.progress import (
     ReportedRole,
     TaskReport,
 )
-from smoothscale.runtime.changelog import data_record, epoch_marker, input_position_record
+from smoothscale.runtime.changelog import (
+    ChangelogRecord,
+    RecordKind,
+    closer,
+    data,
+    delete,
+    marker,
+)
 from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.metrics import InstanceMetrics
 from smoothscale.runtime.pipeline import Pipeline
@@ -48,6 +55,7 @@ from smoothscale.runtime.restore import (
 from smoothscale.runtime.source import write_plan
 from smoothscale.runtime.store import StateChanges, TaskState
 from smoothscale.runtime.transactions import OutputRecord, TaskProducer
+from smoothscale.runtime.writer import Writer
 from smoothscale.tasks import TaskId, TaskRole
 
 log = logging.getLogger(__name__)
@@ -80,9 +88,17 @@ class BatchInput:
 
 @dataclass
 class _Active:
-    epoch: int
+    writer: Writer
     state: TaskState
     producer: TaskProducer
+    batch: int = 0
+    """The writer's last committed batch (0: none, or only the start position)."""
+    last_closer: bytes | None = None
+    """The key of the writer's last closer, which its next closer supersedes."""
+
+    @property
+    def epoch(self) -> int:
+        return self.writer.epoch
 
 
 @dataclass
@@ -263,8 +279,17 @@ class Instance:
             changed[key] = new_state
             outputs.extend(emitted)
         positions = {**active.state.input_positions(), **batch.ends[task]}
-        records = [data_record(key, value, active.epoch) for key, value in changed.items()]
-        records.append(input_position_record(positions, active.epoch))
+        number = active.batch + 1
+        names = list(changed)
+        supersedes = active.state.record_keys(store, [key.encode() for key in names])
+        writer = active.writer
+        records: list[ChangelogRecord] = [
+            delete(writer, number, key, old)
+            if changed[key] is None
+            else data(writer, number, key, changed[key], old)
+            for key, old in zip(names, supersedes, strict=True)
+        ]
+        closing = closer(writer, number, positions, active.last_closer)
         bad = batch.dead_letters.get(task, [])
         sender = self._send_dead_letters
 
@@ -272,14 +297,24 @@ class Instance:
             if bad and sender is not None:
                 sender(producer, bad)
 
-        delivered = active.producer.commit({store: records}, outputs, queue_dead_letters)
-        changes = StateChanges(positions=delivered, input_positions=dict(batch.ends[task]))
-        for record in records[:-1]:
-            if record.value is None:
-                changes.delete(store, record.key)
+        delivered = active.producer.commit(
+            {store: [*records, closing]}, outputs, queue_dead_letters
+        )
+        changes = StateChanges(
+            positions=delivered,
+            closed_batches={store: number},
+            input_positions=dict(batch.ends[task]),
+        )
+        for record in records:
+            if record.kind is RecordKind.DATA and record.value is not None:
+                changes.put(store, record.state_key(), record.key, record.value)
             else:
-                changes.put(store, record.key, record.value)
+                changes.delete(store, record.state_key(), record.key)
+        for record in [*records, closing]:
+            if record.supersedes is not None:
+                changes.supersede(store, record.supersedes)
         active.state.apply(changes)
+        active.batch, active.last_closer = number, closing.key
         self.metrics.count_processed(task, batch.counts.get(task, 0))
 
     # Assignments ---------------------------------------------------------------------------
@@ -353,28 +388,51 @@ class Instance:
                 f"task {task}: assigned active at epoch {epoch}, but its changelog already "
                 f"holds epoch {seen}: ignoring a stale assignment"
             )
+        writer = Writer.next_after(epoch, state.highest_writer())
         producer = TaskProducer(self.config, task, epoch)
-        marker = epoch_marker(epoch, self.config.instance_id)
-        through = producer.commit({store: [marker] for store in state.stores})
+        records: dict[str, list[ChangelogRecord]] = {
+            store: [marker(writer, self.config.instance_id)] for store in state.stores
+        }
+        start: ChangelogRecord | None = None
+        known = state.input_positions()
+        missing = [topic for topic in self.config.input_topics if topic not in known]
+        if missing:
+            # An input without a position starts at its earliest offset, and the owner says so
+            # in its changelog: a start position only ever comes from the owner's own write.
+            starts = {**known, **self._earliest_offsets(task, missing)}
+            start = closer(writer, 0, starts, None)
+            records[self.pipeline.store].append(start)
+        through = producer.commit(records)
         # Whatever an older owner committed before the marker is part of the state (every
         # later restore applies it too); whatever it commits after the marker is ignored.
         catch_up(self.config, state, through, self.config.activation_timeout, self._count_restored)
-        self._active[task] = _Active(epoch, state, producer)
+        last_closer = None if start is None else start.key
+        self._active[task] = _Active(writer, state, producer, last_closer=last_closer)
         for topic in self.config.input_topics:
-            self._plan_starts[(topic, task)] = self._start_position(state, topic)
+            self._plan_starts[(topic, task)] = state.input_positions()[topic]
             self._activations[(topic, task)] = self._activations.get((topic, task), 0) + 1
         self._write_plan()
-        log.info("task %d active at epoch %d from %s", task, epoch, state.input_positions())
+        log.info("task %d active as writer %s from %s", task, writer, state.input_positions())
 
     def _change_epoch(self, task: TaskId, epoch: int) -> None:
+        """A new writer at the new epoch: a new producer and marker, no pause. Its batches
+        count from 1 again, and its first closer supersedes nothing (a writer's last closer
+        stays, see docs/runtime.md)."""
         active = self._active[task]
         active.producer.close()
         active.producer = TaskProducer(self.config, task, epoch)
+        writer = Writer.next_after(epoch, active.writer)
         through = active.producer.commit(
-            {store: [epoch_marker(epoch, self.config.instance_id)] for store in active.state.stores}
+            {store: [marker(writer, self.config.instance_id)] for store in active.state.stores}
         )
-        active.state.apply(StateChanges(positions=through, epochs=dict.fromkeys(through, epoch)))
-        active.epoch = epoch
+        active.state.apply(
+            StateChanges(
+                positions=through,
+                writers=dict.fromkeys(through, writer),
+                closed_batches=dict.fromkeys(through, -1),
+            )
+        )
+        active.writer, active.batch, active.last_closer = writer, 0, None
 
     def _release(self, task: TaskId) -> TaskState:
         active = self._active.pop(task)
@@ -401,23 +459,18 @@ class Instance:
         return TaskState(self.config.state_dir, task, self.config.stores)
 
     def _input_position(self, state: TaskState, topic: str) -> int:
-        """The next input offset of an active task: from its state, or where it started."""
-        position = state.input_positions().get(topic)
-        return self._plan_starts[(topic, state.task)] if position is None else position
+        """The next input offset of an active task (its activation wrote one for every input)."""
+        return state.input_positions()[topic]
 
-    def _start_position(self, state: TaskState, topic: str) -> int:
-        """Where a task being activated starts reading `topic`: the input position in its
-        state; with none yet, the app group's committed offset; else the earliest offset."""
-        position = state.input_positions().get(topic)
-        if position is not None:
-            return position
-        committed = self._inputs.committed([topic], state.task).get(topic)
-        if committed is not None:
-            return committed
-        low, _high = self._offsets.get_watermark_offsets(
-            TopicPartition(topic, state.task), timeout=10
-        )
-        return max(0, low)
+    def _earliest_offsets(self, task: TaskId, topics: list[str]) -> dict[str, int]:
+        """Per topic, the earliest offset of the task's partition."""
+        offsets: dict[str, int] = {}
+        for topic in topics:
+            low, _high = self._offsets.get_watermark_offsets(
+                TopicPartition(topic, task), timeout=10
+            )
+            offsets[topic] = max(0, low)
+        return offsets
 
     def _write_plan(self) -> None:
         self._plan_version += 1

@@ -18,7 +18,13 @@ from collections.abc import Callable, Mapping
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from smoothscale.kafka import names
-from smoothscale.runtime.changelog import ChangelogFormatError, Positioned, fold, parse_record
+from smoothscale.runtime.changelog import (
+    ChangelogFormatError,
+    Cursor,
+    Positioned,
+    fold,
+    parse_record,
+)
 from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.store import TaskState
 from smoothscale.tasks import TaskId
@@ -123,9 +129,10 @@ class _Applier:
             position = max(position, records[-1][0] + 1)
         if not records and position <= self._read_to.get(key, state.position(store)):
             return
-        outcome = fold(store, records, state.epoch(store), position, self._pending.get(key, []))
+        cursor = Cursor(state.writer(store), state.closed_batch(store), self._pending.get(key, []))
+        outcome = fold(store, records, cursor, position)
         state.apply(outcome.changes)
-        self._pending[key] = outcome.pending
+        self._pending[key] = outcome.cursor.pending
         self._read_to[key] = position
 
 
