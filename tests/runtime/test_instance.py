@@ -169,21 +169,37 @@ def test_shutdown_releases_every_active_task_with_its_final_offsets(
         assert reports[task].positions[STORE] > 0
 
 
-def test_an_assignment_older_than_the_changelog_epoch_is_not_activated(
+def test_an_assignment_older_than_the_changelog_epoch_is_refused_and_reported(
     embedded_kafka: EmbeddedKafka, tmp_path: Path
 ) -> None:
     config = app_config(embedded_kafka, tmp_path)
     operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
     operator.write("pod-a", Assignment(generation=1, tasks={0: active(5)}))
     with running(for_instance(config, "pod-a")) as a:
         assert a.active_tasks() == {0: 5}
     # A stale operator hands the task to pod-b at an epoch below the one in the changelog.
     operator.write("pod-b", Assignment(generation=2, tasks={0: active(4)}))
     with running(for_instance(config, "pod-b")) as b:
-        for _ in range(10):
+
+        def refused() -> bool:
+            b.tick()
+            report = reader.reports("pod-b", PARTITIONS).get(0)
+            return report is not None and report.role is ReportedRole.REFUSED
+
+        wait_for(refused, 10, "the refusal to be reported")
+        report = reader.reports("pod-b", PARTITIONS)[0]
+        assert (report.epoch, report.seen_epoch) == (4, 5)
+        assert "above epoch 5" in (report.error or "")
+        for _ in range(5):
             b.tick()
         assert b.active_tasks() == {}
+        assert reader.reports("pod-b", PARTITIONS)[0].role is ReportedRole.REFUSED
+
+        operator.write("pod-b", Assignment(generation=3, tasks={0: active(6)}))
+        wait_for(lambda: ticked(b).active_tasks() == {0: 6}, 10, "the activation above it")
     operator.close()
+    reader.close()
 
 
 def test_a_released_task_kept_as_standby_follows_the_new_owner(

@@ -68,10 +68,6 @@ TICK_LOCK_SECONDS = 0.5
 """How long a tick waits for the micro-batch in flight before trying again later."""
 
 
-class StaleAssignmentError(RuntimeError):
-    """An assignment gives this instance a task at an epoch older than its changelog shows."""
-
-
 @dataclass
 class BatchInput:
     """One micro-batch, grouped by task (= input partition)."""
@@ -138,6 +134,9 @@ class Instance:
         self._active: dict[TaskId, _Active] = {}
         self._activating: dict[TaskId, _Activation] = {}
         self._released: dict[TaskId, TaskReport] = {}
+        self._refused: dict[TaskId, TaskReport] = {}
+        """Tasks assigned active below the epoch their changelog holds: reported `refused`
+        until a new assignment arrives."""
         self._plan_starts: dict[tuple[str, int], int] = {}
         self._activations: dict[tuple[str, int], int] = {}
         """Per input partition, how often it was activated: the source restarts a partition
@@ -148,7 +147,11 @@ class Instance:
         self._restored_lock = threading.Lock()
         client = config.kafka_config
         self._follower = AssignmentFollower(
-            config.bootstrap_servers, config.app_id, config.instance_id, client
+            config.bootstrap_servers,
+            config.app_id,
+            config.instance_id,
+            client,
+            on_bad_record=metrics.count_bad_assignment_record,
         )
         self._reports = ProgressCommitter(
             config.bootstrap_servers,
@@ -327,6 +330,7 @@ class Instance:
         wanted = assignment.tasks
         self.assignment = assignment
         self._released = {}
+        self._refused = {}
         for task in sorted(self._active):
             held = wanted.get(task)
             if held is not None and held.role is TaskRole.ACTIVE:
@@ -375,19 +379,31 @@ class Instance:
             if state is None:
                 continue
             del self._activating[task]
-            try:
-                self._activate(task, activation.epoch, state)
-            except StaleAssignmentError as error:
-                log.error("%s", error)
+            seen = max(state.epoch(store) for store in state.stores)
+            if seen > activation.epoch:
+                self._refuse(task, activation.epoch, seen, state.positions())
                 self._restore.follow(state)
+                continue
+            self._activate(task, activation.epoch, state)
+
+    def _refuse(self, task: TaskId, epoch: int, seen: int, positions: dict[str, int]) -> None:
+        error = (
+            f"task {task}: assigned active at epoch {epoch}, but its changelog already holds "
+            f"epoch {seen}: refused; the operator must assign it above epoch {seen}"
+        )
+        log.error("%s", error)
+        self._refused[task] = TaskReport(
+            task,
+            ReportedRole.REFUSED,
+            epoch,
+            self.assignment.generation,
+            positions,
+            seen_epoch=seen,
+            error=error,
+        )
+        self._report()
 
     def _activate(self, task: TaskId, epoch: int, state: TaskState) -> None:
-        seen = max(state.epoch(store) for store in state.stores)
-        if seen > epoch:
-            raise StaleAssignmentError(
-                f"task {task}: assigned active at epoch {epoch}, but its changelog already "
-                f"holds epoch {seen}: ignoring a stale assignment"
-            )
         writer = Writer.next_after(epoch, state.highest_writer())
         producer = TaskProducer(self.config, task, epoch)
         records: dict[str, list[ChangelogRecord]] = {
@@ -489,7 +505,7 @@ class Instance:
         elapsed = max(1e-3, now - self._last_report)
         self._last_report = now
         generation = self.assignment.generation
-        reports: list[TaskReport] = list(self._released.values())
+        reports: list[TaskReport] = [*self._released.values(), *self._refused.values()]
         inputs = self.config.input_topics
         for task, active in self._active.items():
             reports.append(
@@ -507,7 +523,7 @@ class Instance:
         with self._restored_lock:
             restored, self._restored_since = self._restored_since, {}
         for task, positions in self._restore.positions().items():
-            if task in self._released or task not in wanted:
+            if task in self._released or task in self._refused or task not in wanted:
                 continue
             held = wanted[task]
             role = TaskRole.WARMUP if held.role is TaskRole.ACTIVE else held.role

@@ -60,6 +60,12 @@ class InstanceMetrics:
             namespace=NAMESPACE,
             registry=self.registry,
         )
+        self.bad_assignment_records = Counter(
+            "bad_assignment_records",
+            "Records of the assignments topic for this instance that did not decode (skipped).",
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
         self.restore_rate = Gauge(
             "restore_rate_records_per_second",
             "Recent rate at which the restore loop applies changelog records, per task.",
@@ -108,6 +114,9 @@ class InstanceMetrics:
 
     def count_restored(self, task: TaskId, records: int) -> None:
         self.restore_records.labels(task=str(task)).inc(records)
+
+    def count_bad_assignment_record(self) -> None:
+        self.bad_assignment_records.inc()
 
     def set_restore_rate(self, task: TaskId, records_per_second: float) -> None:
         self.restore_rate.labels(task=str(task)).set(records_per_second)
