@@ -7,6 +7,8 @@ through the operator's channels; the Spark half of a micro-batch is replaced by 
 from collections import Counter
 from pathlib import Path
 
+from confluent_kafka import Producer
+
 from smoothscale.kafka.assignments import Assignment, AssignmentWriter, TaskAssignment
 from smoothscale.kafka.embedded import EmbeddedKafka
 from smoothscale.kafka.progress import ProgressReader, ReportedRole
@@ -277,3 +279,31 @@ def test_a_report_kafka_refuses_does_not_stop_processing_and_is_sent_again(
     reader.close()
     operator.close()
     assert state == dict(Counter(produced))
+
+
+def test_a_foreign_changelog_record_fails_only_its_task(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    config = app_config(embedded_kafka, tmp_path)
+    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
+    stranger = Producer({"bootstrap.servers": config.bootstrap_servers})
+    stranger.produce(config.changelog_topics()[STORE], key=b"alice", value=b"1", partition=1)
+    stranger.flush(10)
+    operator.write("pod-a", Assignment(generation=1, tasks={0: active(1), 1: warmup(1)}))
+    produce_users(config, users_batch(100))
+    with running(for_instance(config, "pod-a")) as a:
+
+        def reported_on_its_task() -> bool:
+            a.tick()
+            report = reader.reports("pod-a", PARTITIONS).get(1)
+            return report is not None and report.error is not None
+
+        wait_for(reported_on_its_task, 10, "the error on task 1")
+        report = reader.reports("pod-a", PARTITIONS)[1]
+        assert report.role is ReportedRole.WARMUP
+        assert "written by smoothscale only" in (report.error or "")
+        assert feed(a) > 0, "the other task goes on"
+        assert a.active_tasks() == {0: 1}
+    operator.close()
+    reader.close()

@@ -47,6 +47,7 @@ from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.metrics import InstanceMetrics
 from smoothscale.runtime.pipeline import Pipeline
 from smoothscale.runtime.restore import (
+    ChangelogUnusableError,
     RestoreLoop,
     catch_up,
     end_offsets,
@@ -370,7 +371,10 @@ class Instance:
 
     def _activate_caught_up(self) -> None:
         positions = self._restore.read_positions()
+        failures = self._restore.failures()
         for task, activation in sorted(self._activating.items()):
+            if task in failures:
+                continue
             reached = positions.get(task)
             targets = activation.targets or {}
             if reached is None or any(reached.get(s, 0) < o for s, o in targets.items()):
@@ -384,7 +388,12 @@ class Instance:
                 self._refuse(task, activation.epoch, seen, state.positions())
                 self._restore.follow(state)
                 continue
-            self._activate(task, activation.epoch, state)
+            try:
+                self._activate(task, activation.epoch, state)
+            except ChangelogUnusableError as error:
+                # The restore loop finds the same problem again and reports it on the task.
+                log.error("task %d not activated: %s", task, error)
+                self._restore.follow(state)
 
     def _refuse(self, task: TaskId, epoch: int, seen: int, positions: dict[str, int]) -> None:
         error = (
@@ -406,23 +415,35 @@ class Instance:
     def _activate(self, task: TaskId, epoch: int, state: TaskState) -> None:
         writer = Writer.next_after(epoch, state.highest_writer())
         producer = TaskProducer(self.config, task, epoch)
-        records: dict[str, list[ChangelogRecord]] = {
-            store: [marker(writer, self.config.instance_id)] for store in state.stores
-        }
-        start: ChangelogRecord | None = None
+        try:
+            through = producer.commit(
+                {store: [marker(writer, self.config.instance_id)] for store in state.stores}
+            )
+            # Whatever an older owner committed before the marker is part of the state (every
+            # later restore applies it too); whatever it commits after the marker is ignored.
+            catch_up(
+                self.config, state, through, self.config.activation_timeout, self._count_restored
+            )
+        except ChangelogUnusableError:
+            producer.close()
+            raise
+        store = self.pipeline.store
         known = state.input_positions()
         missing = [topic for topic in self.config.input_topics if topic not in known]
+        last_closer = None
         if missing:
-            # An input without a position starts at its earliest offset, and the owner says so
-            # in its changelog: a start position only ever comes from the owner's own write.
+            # Only now, restored through the marker, is the state final: an older owner may
+            # have started the task (and moved its position) after the restore target. An
+            # input without a position starts at its earliest offset, and the owner says so in
+            # its changelog: a start position only ever comes from the owner's own write.
             starts = {**known, **self._earliest_offsets(task, missing)}
             start = closer(writer, 0, starts, None)
-            records[self.pipeline.store].append(start)
-        through = producer.commit(records)
-        # Whatever an older owner committed before the marker is part of the state (every
-        # later restore applies it too); whatever it commits after the marker is ignored.
-        catch_up(self.config, state, through, self.config.activation_timeout, self._count_restored)
-        last_closer = None if start is None else start.key
+            delivered = producer.commit({store: [start]})
+            changes = StateChanges(
+                positions=delivered, closed_batches={store: 0}, input_positions=starts
+            )
+            state.apply(changes)
+            last_closer = start.key
         self._active[task] = _Active(writer, state, producer, last_closer=last_closer)
         for topic in self.config.input_topics:
             self._plan_starts[(topic, task)] = state.input_positions()[topic]
@@ -522,13 +543,16 @@ class Instance:
         lags = self._restore.lags()
         with self._restored_lock:
             restored, self._restored_since = self._restored_since, {}
+        failures = self._restore.failures()
         for task, positions in self._restore.positions().items():
             if task in self._released or task in self._refused or task not in wanted:
                 continue
             held = wanted[task]
             role = TaskRole.WARMUP if held.role is TaskRole.ACTIVE else held.role
+            reported = ReportedRole(role.value)
+            error = failures.get(task)
             reports.append(
-                TaskReport(task, ReportedRole(role.value), held.epoch, generation, positions)
+                TaskReport(task, reported, held.epoch, generation, positions, error=error)
             )
             self.metrics.set_lag(task, role, lags.get(task, 0))
             self.metrics.set_restore_rate(task, restored.get(task, 0) / elapsed)
