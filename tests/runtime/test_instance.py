@@ -11,7 +11,7 @@ from confluent_kafka import Producer
 
 from smoothscale.kafka.assignments import Assignment, AssignmentWriter, TaskAssignment
 from smoothscale.kafka.embedded import EmbeddedKafka
-from smoothscale.kafka.progress import ProgressReader, ReportedRole
+from smoothscale.kafka.progress import ProgressCommitter, ProgressReader, ReportedRole, TaskReport
 from smoothscale.runtime.instance import Instance
 from smoothscale.runtime.restore import catch_up
 from smoothscale.runtime.store import TaskState
@@ -305,5 +305,44 @@ def test_a_foreign_changelog_record_fails_only_its_task(
         assert "written by smoothscale only" in (report.error or "")
         assert feed(a) > 0, "the other task goes on"
         assert a.active_tasks() == {0: 1}
+    operator.close()
+    reader.close()
+
+
+def test_a_restarted_instance_ends_the_hand_over_its_previous_run_left_open(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    config = app_config(embedded_kafka, tmp_path)
+    pod_a = for_instance(config, "pod-a")
+    # The previous run held task 1 active, then died before it applied the assignment that
+    # revoked it: its last report says active.
+    previous = ProgressCommitter(
+        config.bootstrap_servers, config.app_id, "pod-a", config.changelog_topics()
+    )
+    previous.commit([TaskReport(1, ReportedRole.ACTIVE, 3, 1, {STORE: 5}, {"users": 9})])
+    previous.close()
+    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
+    operator.write("pod-a", Assignment(generation=2, tasks={0: active(3)}))
+    with running(pod_a) as a:
+        released = reader.reports("pod-a", PARTITIONS)[1]
+        assert (released.role, released.epoch, dict(released.positions)) == (
+            ReportedRole.RELEASED,
+            3,
+            {STORE: 5},
+        )
+        # An unrelated assignment does not end the release report ...
+        operator.write("pod-a", Assignment(generation=3, tasks={0: active(4)}))
+        wait_for(lambda: ticked(a).active_tasks() == {0: 4}, 10, "the epoch bump")
+        a.tick()
+        assert reader.reports("pod-a", PARTITIONS)[1].role is ReportedRole.RELEASED
+        # ... the task coming back here does.
+        operator.write("pod-a", Assignment(generation=4, tasks={0: active(4), 1: warmup(5)}))
+
+        def warming_up() -> bool:
+            a.tick()
+            return reader.reports("pod-a", PARTITIONS)[1].role is ReportedRole.WARMUP
+
+        wait_for(warming_up, 10, "the task to be reported as a warm-up")
     operator.close()
     reader.close()

@@ -13,7 +13,10 @@ Per task, the instance is in one of these states:
 - active: its input partitions are in the source's plan, each batch commits one transaction;
 - released: an active task missing from a newer assignment; after the batch in flight has
   committed, the instance closes the task's producer and reports `released` with its final
-  changelog offsets (kept reported until the next assignment).
+  changelog offsets, until the task is assigned to this instance again (a restarted instance
+  finds such tasks in its previous reports and reports them released again);
+- refused: assigned active below the epoch its changelog holds; reported until the next
+  assignment.
 See docs/runtime.md for the full protocol and the exactly-once argument.
 """
 
@@ -32,6 +35,7 @@ from smoothscale.kafka.assignments import Assignment, AssignmentFollower, descri
 from smoothscale.kafka.progress import (
     InputPositionCommitter,
     ProgressCommitter,
+    ProgressReader,
     ReportedRole,
     TaskReport,
 )
@@ -54,7 +58,7 @@ from smoothscale.runtime.restore import (
     restore_consumer,
 )
 from smoothscale.runtime.source import write_plan
-from smoothscale.runtime.store import StateChanges, TaskState
+from smoothscale.runtime.store import StateChanges, TaskState, task_directory
 from smoothscale.runtime.transactions import OutputRecord, TaskProducer
 from smoothscale.runtime.writer import Writer
 from smoothscale.tasks import TaskId, TaskRole
@@ -174,7 +178,46 @@ class Instance:
         first = self._follower.poll(timeout=first_assignment_timeout)
         if first is not None:
             self._pending = first
+        self._finish_interrupted_releases(first or Assignment(generation=0))
         self.tick()
+
+    def _finish_interrupted_releases(self, assignment: Assignment) -> None:
+        """A previous run of this instance (a container restarted in place mid-hand-over) may
+        have held tasks active that `assignment` no longer gives it active, and died before
+        reporting them `released`: report them released now, so the hand-over can end."""
+        topics = self.config.changelog_topics()
+        metadata = self._offsets.list_topics(timeout=10).topics
+        tasks = max(
+            (len(metadata[t].partitions) for t in topics.values() if t in metadata), default=0
+        )
+        reader = ProgressReader(
+            self.config.bootstrap_servers, self.config.app_id, topics, self.config.kafka_config
+        )
+        try:
+            previous = reader.reports(self.config.instance_id, tasks)
+        finally:
+            reader.close()
+        for task, report in sorted(previous.items()):
+            held = assignment.tasks.get(task)
+            if held is not None and held.role is TaskRole.ACTIVE:
+                continue
+            if report.role not in (ReportedRole.ACTIVE, ReportedRole.RELEASED):
+                continue
+            positions = dict(report.positions)
+            if task_directory(self.config.state_dir, task).exists():
+                state = self._open_state(task)
+                positions = {
+                    store: max(p, positions.get(store, 0)) for store, p in state.positions().items()
+                }
+                state.close()
+            self._released[task] = TaskReport(
+                task, ReportedRole.RELEASED, report.epoch, report.generation, positions
+            )
+        if self._released:
+            log.info("reporting tasks released by a previous run: %s", sorted(self._released))
+            self._best_effort(
+                "report the releases", self._reports.commit, list(self._released.values())
+            )
 
     def tick(self) -> None:
         """Called often by one thread (the worker's main thread): between micro-batches, apply
@@ -330,7 +373,8 @@ class Instance:
         log.info("assignment generation %d: %s", assignment.generation, describe(assignment))
         wanted = assignment.tasks
         self.assignment = assignment
-        self._released = {}
+        for task in set(self._released) & set(wanted):
+            del self._released[task]
         self._refused = {}
         for task in sorted(self._active):
             held = wanted.get(task)
