@@ -105,6 +105,9 @@ class ProtocolModel:
             writer = Writer(top.writer.epoch, top.writer.session, nonce)
         else:
             writer = Writer(top.writer.epoch + 1, top.writer.session + 1, nonce)
+        while any(other.writer == writer for other in self.writers):
+            # Random 63-bit nonces do not collide; drawn ones may.
+            writer = Writer(writer.epoch, writer.session, writer.nonce + 1)
         if top is not None and not old_keeps_running:
             top.alive = False
         records = [marker(writer, "pod")]

@@ -189,8 +189,11 @@ def fold(
 ) -> RestoreOutcome:
     """The state changes a run of `store`'s changelog records makes, in offset order.
 
-    1. A tombstone never changes state: it takes its record key out of the garbage set, and
-       forgets a deleted key whose delete record it reclaims.
+    1. A tombstone takes its record key out of the garbage set. It changes state only for a
+       reader of a compacted log that missed what superseded the record (a reclaimed delete,
+       or a record read before compaction removed its successors): a key whose entry is
+       still that record is forgotten, and a pending record it reclaims is dropped. On the
+       full log neither happens: a record is tombstoned only after its successor counts.
     2. A record of a writer below W* (the highest writer seen) is skipped: an older owner
        writing after a newer owner's marker.
     3. A record of a writer above W* drops W*'s pending batch (never closed) and becomes W*.
@@ -230,6 +233,7 @@ def fold(
     for offset, record in records:
         if record.kind is RecordKind.TOMBSTONE:
             changes.reclaim(store, record.key, state_key_of(record.key))
+            pending[:] = [(o, held) for o, held in pending if held.key != record.key]
             continue
         if state.writer is not None and record.writer < state.writer:
             outcome.skipped += 1

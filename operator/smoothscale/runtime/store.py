@@ -47,9 +47,9 @@ class StateChanges:
 
     entries: dict[str, dict[bytes, Entry | None]] = field(default_factory=dict)
     """Per store, state key -> its new entry, or None to forget the key entirely."""
-    reclaimed: dict[str, dict[bytes, bytes]] = field(default_factory=dict)
-    """Per store, state key -> a delete record key reclaimed: forget the key if its stored
-    entry is still that delete."""
+    reclaimed: dict[str, dict[bytes, set[bytes]]] = field(default_factory=dict)
+    """Per store, state key -> record keys reclaimed: forget the key if its stored entry is
+    still one of those records."""
     garbage: dict[str, set[bytes]] = field(default_factory=dict)
     """Per store, record keys superseded, to reclaim."""
     collected: dict[str, set[bytes]] = field(default_factory=dict)
@@ -75,18 +75,21 @@ class StateChanges:
         self.collected.get(store, set()).discard(record_key)
         self.garbage.setdefault(store, set()).add(record_key)
 
-    def reclaim(self, store: str, record_key: bytes, deleted_key: bytes | None) -> None:
-        """`record_key` was tombstoned; `deleted_key` is the state key when it was a delete."""
+    def reclaim(self, store: str, record_key: bytes, state_key: bytes | None) -> None:
+        """`record_key` (of `state_key`, for a data or delete record) was tombstoned: out of
+        the garbage set, and a key whose entry is still that record is forgotten (a reader of
+        a compacted log can miss the records that superseded it: reclaimed deletes)."""
         self.garbage.get(store, set()).discard(record_key)
         self.collected.setdefault(store, set()).add(record_key)
-        if deleted_key is None:
+        if state_key is None:
             return
         entries = self.entries.setdefault(store, {})
-        if deleted_key in entries:
-            if entries[deleted_key] == Entry(record_key, None):
-                entries[deleted_key] = None
+        if state_key in entries:
+            entry = entries[state_key]
+            if entry is not None and entry.record_key == record_key:
+                entries[state_key] = None
         else:
-            self.reclaimed.setdefault(store, {})[deleted_key] = record_key
+            self.reclaimed.setdefault(store, {}).setdefault(state_key, set()).add(record_key)
 
 
 def _options() -> Options:
@@ -213,7 +216,8 @@ class TaskState:
         for store, reclaimed in changes.reclaimed.items():
             keys = list(reclaimed)
             for key, current in zip(keys, self.record_keys(store, keys), strict=True):
-                if current == reclaimed[key] and self.get(store, key) is None:
+                if current in reclaimed[key]:
+                    batch.delete(key, self._handles[store])
                     batch.delete(key, self._handles[store + _RECORDS])
         for store, entries in changes.entries.items():
             values, records = self._handles[store], self._handles[store + _RECORDS]
