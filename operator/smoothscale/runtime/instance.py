@@ -40,12 +40,16 @@ from smoothscale.kafka.progress import (
     TaskReport,
 )
 from smoothscale.runtime.changelog import (
+    ChangelogFormatError,
     ChangelogRecord,
     RecordKind,
     closer,
     data,
     delete,
     marker,
+    parse_record,
+    state_key_of,
+    tombstone,
 )
 from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.metrics import InstanceMetrics
@@ -72,6 +76,12 @@ DeadLetterSender = Callable[[Producer, list[Any]], int]
 TICK_LOCK_SECONDS = 0.5
 """How long a tick waits for the micro-batch in flight before trying again later."""
 
+TOMBSTONES_PER_BATCH = 100
+"""Most garbage records a batch reclaims (bounds the cost a batch pays for space)."""
+
+GAP_READ_SECONDS = 5.0
+"""Longest a batch reads changelog records others wrote between its own, to verify them."""
+
 
 @dataclass
 class BatchInput:
@@ -96,6 +106,12 @@ class _Active:
     """The writer's last committed batch (0: none, or only the start position)."""
     last_closer: bytes | None = None
     """The key of the writer's last closer, which its next closer supersedes."""
+    unverified_from: int = 0
+    """The pipeline store's changelog offset from which no write is verified yet: nobody
+    above this writer wrote before it."""
+    unverified: list[tuple[int, list[bytes]]] = field(default_factory=list)
+    """Per committed batch not verified yet: the offset after its transaction, and the record
+    keys it superseded (garbage once the batch is verified)."""
 
     @property
     def epoch(self) -> int:
@@ -142,6 +158,9 @@ class Instance:
         self._refused: dict[TaskId, TaskReport] = {}
         """Tasks assigned active below the epoch their changelog holds: reported `refused`
         until a new assignment arrives."""
+        self._fenced: dict[TaskId, TaskReport] = {}
+        """Tasks this instance found a higher writer for: reported `fenced` until a new
+        assignment arrives."""
         self._plan_starts: dict[tuple[str, int], int] = {}
         self._activations: dict[tuple[str, int], int] = {}
         """Per input partition, how often it was activated: the source restarts a partition
@@ -337,6 +356,7 @@ class Instance:
             for key, old in zip(names, supersedes, strict=True)
         ]
         closing = closer(writer, number, positions, active.last_closer)
+        reclaim = self._tombstones(active, set(names))
         bad = batch.dead_letters.get(task, [])
         sender = self._send_dead_letters
 
@@ -345,7 +365,7 @@ class Instance:
                 sender(producer, bad)
 
         delivered = active.producer.commit(
-            {store: [*records, closing]}, outputs, queue_dead_letters
+            {store: [*records, closing, *reclaim]}, outputs, queue_dead_letters
         )
         changes = StateChanges(
             positions=delivered,
@@ -357,12 +377,110 @@ class Instance:
                 changes.put(store, record.state_key(), record.key, record.value)
             else:
                 changes.delete(store, record.state_key(), record.key)
-        for record in [*records, closing]:
-            if record.supersedes is not None:
-                changes.supersede(store, record.supersedes)
+        for record in reclaim:
+            changes.reclaim(store, record.key, state_key_of(record.key))
         active.state.apply(changes)
         active.batch, active.last_closer = number, closing.key
+        superseded = [r.supersedes for r in [*records, closing] if r.supersedes is not None]
+        offsets = active.producer.delivered_offsets[store]
+        active.unverified.append((offsets[-1] + 1, superseded))
         self.metrics.count_processed(task, batch.counts.get(task, 0))
+        self._verify(task, active, offsets)
+
+    def _tombstones(self, active: _Active, changing: set[str]) -> list[ChangelogRecord]:
+        """Tombstones for up to TOMBSTONES_PER_BATCH verified garbage records of the pipeline
+        store, and for the delete records whose key has no older record left (a delete's
+        successor is absence: it can go once nothing older can reappear)."""
+        store, state, writer = self.pipeline.store, active.state, active.writer
+        garbage = state.garbage(store, TOMBSTONES_PER_BATCH)
+        chosen = set(garbage)
+        reclaim = [tombstone(writer, key) for key in garbage]
+        deletes: set[bytes] = set()
+        for key in garbage:
+            state_key = state_key_of(key)
+            if state_key is None or state_key in deletes or state_key.decode() in changing:
+                continue
+            [current] = state.record_keys(store, [state_key])
+            if current is None or state.get(store, state_key) is not None:
+                continue
+            older = state.garbage(store, len(chosen) + 1, b"d:" + state_key + b"@")
+            if set(older) <= chosen:
+                deletes.add(state_key)
+                reclaim.append(tombstone(writer, current))
+        return reclaim
+
+    def _verify(self, task: TaskId, active: _Active, offsets: list[int]) -> None:
+        """Verify the writer's batches: no record of a higher writer precedes them. The batch
+        just committed took `offsets` and its commit marker one more: if they follow on from
+        the last verified offset, nobody else wrote (verified for free); else read the gap.
+        A higher writer there fences this instance for the task."""
+        first, last = offsets[0], offsets[-1]
+        if first != active.unverified_from or last - first + 1 != len(offsets):
+            higher = self._higher_writer(task, active, last + 1)
+            if higher is None:
+                return
+            if higher > active.writer:
+                self._fence(task, higher)
+                return
+        active.unverified_from = last + 2
+        changes = StateChanges()
+        for _end, superseded in active.unverified:
+            for key in superseded:
+                changes.supersede(self.pipeline.store, key)
+        active.unverified.clear()
+        active.state.apply(changes)
+
+    def _higher_writer(self, task: TaskId, active: _Active, end: int) -> Writer | None:
+        """The highest writer of the records in [unverified_from, end) of the pipeline store's
+        changelog (the writer itself when no one above it wrote), or None when the range could
+        not be read in time (verification waits for a later batch)."""
+        topic = self.config.changelog_topics()[self.pipeline.store]
+        consumer = self._offsets
+        consumer.assign([TopicPartition(topic, task, active.unverified_from)])
+        highest = active.writer
+        deadline = time.monotonic() + GAP_READ_SECONDS
+        try:
+            while time.monotonic() < deadline:
+                for message in consumer.consume(num_messages=500, timeout=0.1):
+                    offset = message.offset()
+                    if message.error() is not None or offset is None or offset >= end:
+                        continue
+                    try:
+                        record = parse_record(message.key(), message.value(), message.headers())
+                    except ChangelogFormatError:
+                        return None
+                    highest = max(highest, record.writer)
+                if consumer.position([TopicPartition(topic, task)])[0].offset >= end:
+                    return highest
+            return None
+        finally:
+            consumer.unassign()
+
+    def _fence(self, task: TaskId, higher: Writer) -> None:
+        """A higher writer wrote before this instance's records: it is a zombie for the task.
+        Stop processing it, drop its local store (stale), and report `fenced`."""
+        active = self._active.pop(task)
+        active.producer.close()
+        for topic in self.config.input_topics:
+            self._plan_starts.pop((topic, task), None)
+        self._write_plan()
+        positions = active.state.positions()
+        active.state.destroy()
+        error = (
+            f"task {task}: writer {active.writer} found the records of writer {higher} before "
+            f"its own in the changelog: another instance owns the task; stopped processing it"
+        )
+        log.error("%s", error)
+        self._fenced[task] = TaskReport(
+            task,
+            ReportedRole.FENCED,
+            active.epoch,
+            self.assignment.generation,
+            positions,
+            seen_epoch=higher.epoch,
+            error=error,
+        )
+        self.metrics.forget_task(task)
 
     # Assignments ---------------------------------------------------------------------------
 
@@ -376,6 +494,7 @@ class Instance:
         for task in set(self._released) & set(wanted):
             del self._released[task]
         self._refused = {}
+        self._fenced = {}
         for task in sorted(self._active):
             held = wanted.get(task)
             if held is not None and held.role is TaskRole.ACTIVE:
@@ -472,6 +591,7 @@ class Instance:
             producer.close()
             raise
         store = self.pipeline.store
+        unverified_from = through[store] + 1
         known = state.input_positions()
         missing = [topic for topic in self.config.input_topics if topic not in known]
         last_closer = None
@@ -488,7 +608,9 @@ class Instance:
             )
             state.apply(changes)
             last_closer = start.key
-        self._active[task] = _Active(writer, state, producer, last_closer=last_closer)
+        self._active[task] = _Active(
+            writer, state, producer, last_closer=last_closer, unverified_from=unverified_from
+        )
         for topic in self.config.input_topics:
             self._plan_starts[(topic, task)] = state.input_positions()[topic]
             self._activations[(topic, task)] = self._activations.get((topic, task), 0) + 1
@@ -514,6 +636,8 @@ class Instance:
             )
         )
         active.writer, active.batch, active.last_closer = writer, 0, None
+        # The previous writer's unverified garbage is left to the next restore, which finds it.
+        active.unverified_from, active.unverified = through[self.pipeline.store] + 1, []
 
     def _release(self, task: TaskId) -> TaskState:
         active = self._active.pop(task)
@@ -570,7 +694,11 @@ class Instance:
         elapsed = max(1e-3, now - self._last_report)
         self._last_report = now
         generation = self.assignment.generation
-        reports: list[TaskReport] = [*self._released.values(), *self._refused.values()]
+        reports: list[TaskReport] = [
+            *self._released.values(),
+            *self._refused.values(),
+            *self._fenced.values(),
+        ]
         inputs = self.config.input_topics
         for task, active in self._active.items():
             reports.append(

@@ -188,14 +188,16 @@ class TaskState:
         """The batch the highest writer last closed on `store`'s changelog (-1: none)."""
         return self._meta_int(_CLOSED + store, -1)
 
-    def garbage(self, store: str, limit: int) -> list[bytes]:
-        """Up to `limit` superseded record keys of `store`'s changelog still to reclaim."""
-        prefix = (_GARBAGE + store + "/").encode()
+    def garbage(self, store: str, limit: int, key_prefix: bytes = b"") -> list[bytes]:
+        """Up to `limit` superseded record keys of `store`'s changelog still to reclaim (only
+        those starting with `key_prefix`). Each one's successor is known to count."""
+        base = (_GARBAGE + store + "/").encode()
+        prefix = base + key_prefix
         found: list[bytes] = []
         for key in self._families[_META].keys(from_key=prefix):
             if not isinstance(key, bytes) or not key.startswith(prefix) or len(found) >= limit:
                 break
-            found.append(key[len(prefix) :])
+            found.append(key[len(base) :])
         return found
 
     def input_positions(self) -> dict[str, int]:
