@@ -81,6 +81,13 @@ def test_hand_over_between_two_instances_keeps_the_state_exact(
 
         wait_for(b_caught_up, 10, "the warm-up to catch up")
 
+        def ends_reported_with_positions() -> bool:
+            b.tick()
+            report = reader.reports("pod-b", PARTITIONS)[1]
+            return report.ends is not None and dict(report.ends) == dict(report.positions)
+
+        wait_for(ends_reported_with_positions, 10, "the warm-up to report its changelog end")
+
         # Revoke from A: it finishes its batch, releases, acknowledges its final offsets.
         operator.write("pod-a", Assignment(generation=3, tasks={0: active(1)}))
         produce_users(config, produced[250:])

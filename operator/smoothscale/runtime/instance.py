@@ -716,7 +716,7 @@ class Instance:
         with self._restored_lock:
             restored, self._restored_since = self._restored_since, {}
         failures = self._restore.failures()
-        for task, positions in self._restore.positions().items():
+        for task, (positions, ends) in self._restore.positions_and_ends().items():
             if task in self._released or task in self._refused or task not in wanted:
                 continue
             held = wanted[task]
@@ -724,7 +724,15 @@ class Instance:
             reported = ReportedRole(role.value)
             error = failures.get(task)
             reports.append(
-                TaskReport(task, reported, held.epoch, generation, positions, error=error)
+                TaskReport(
+                    task,
+                    reported,
+                    held.epoch,
+                    generation,
+                    positions,
+                    ends=ends or None,
+                    error=error,
+                )
             )
             self.metrics.set_lag(task, role, lags.get(task, 0))
             self.metrics.set_restore_rate(task, restored.get(task, 0) / elapsed)

@@ -106,6 +106,9 @@ class _Applier:
                 self.failures[state.task] = error
                 return
 
+    def topic_of(self, store: str) -> str:
+        return self._topic_of[store]
+
     def forget(self, task: TaskId) -> None:
         self.failures.pop(task, None)
         for key in [key for key in self._read_to if key[0] == task]:
@@ -295,6 +298,22 @@ class RestoreLoop:
         """Per followed task, the restore position of each store."""
         with self._lock:
             return {task: state.positions() for task, state in self._states.items()}
+
+    def positions_and_ends(self) -> dict[TaskId, tuple[dict[str, int], dict[str, int]]]:
+        """Per followed task, the restore position of each store and the changelog end the
+        consumer last saw (cached from fetch responses, no request), taken together: ends -
+        positions is one consistent view of the lag. An unknown end is left out."""
+        with self._lock:
+            found: dict[TaskId, tuple[dict[str, int], dict[str, int]]] = {}
+            for task, state in self._states.items():
+                ends: dict[str, int] = {}
+                for store in state.stores:
+                    partition = TopicPartition(self._applier.topic_of(store), task)
+                    _low, high = self._consumer.get_watermark_offsets(partition, cached=True)
+                    if high >= 0:
+                        ends[store] = high
+                found[task] = (state.positions(), ends)
+            return found
 
     def read_positions(self) -> dict[TaskId, dict[str, int]]:
         """Per followed task, how far the changelog has been read, per store (ahead of the
