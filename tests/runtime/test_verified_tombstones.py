@@ -5,11 +5,23 @@ there fences it for the task."""
 from itertools import pairwise
 from pathlib import Path
 
+from examples.pipelines.running_count import pipeline as running_count
+
 from smoothscale.kafka.assignments import Assignment, AssignmentWriter, TaskAssignment
 from smoothscale.kafka.embedded import EmbeddedKafka
 from smoothscale.kafka.progress import ProgressReader, ReportedRole
-from smoothscale.runtime.changelog import Positioned, RecordKind, marker, parse_record
+from smoothscale.runtime.changelog import (
+    Positioned,
+    RecordKind,
+    closer,
+    data,
+    marker,
+    parse_record,
+)
 from smoothscale.runtime.config import WorkerConfig
+from smoothscale.runtime.instance import Instance
+from smoothscale.runtime.metrics import InstanceMetrics
+from smoothscale.runtime.store import StateChanges, TaskState
 from smoothscale.runtime.transactions import TaskProducer
 from smoothscale.runtime.writer import Writer
 from smoothscale.tasks import TaskRole
@@ -142,3 +154,56 @@ def test_a_lower_writer_in_the_gap_does_not_stop_verification(
     zombie = next(offset for offset, record in log if record.writer == Writer(1, 0, 0))
     assert any(o > zombie and r.kind is RecordKind.TOMBSTONE for o, r in log)
     assert replay(as_records(compact(as_log(log), log[-1][0] + 1, True))).visible() == state
+
+
+def test_a_stale_local_store_is_restored_from_scratch_when_reopened(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    config = app_config(embedded_kafka, tmp_path)
+    pod_a = for_instance(config, "pod-a")
+    old, new = Writer(1, 0, 0), Writer(2, 1, 0)
+    old_owner = TaskProducer(config, task=0, epoch=1)
+    first = [data(old, 1, "alice", 1, None), closer(old, 1, {config.input_topics[0]: 1}, None)]
+    old_owner.commit({STORE: [marker(old, "pod-a"), *first]})
+    new_owner = TaskProducer(config, task=0, epoch=2)
+    verified = new_owner.commit({STORE: [marker(new, "pod-b")]})[STORE] - 1
+    # pod-a did not know: it committed one more batch and applied it locally, then died
+    # before verifying it.
+    zombie = data(old, 2, "alice", 99, b"d:alice@1.0.0.1")
+    end = old_owner.commit({STORE: [zombie, closer(old, 2, {config.input_topics[0]: 2}, None)]})
+    old_owner.close()
+    new_owner.close()
+    stale = TaskState(pod_a.state_dir, 0, [STORE])
+    changes = StateChanges(
+        positions=end, verified={STORE: verified}, writers={STORE: old}, closed_batches={STORE: 2}
+    )
+    changes.put(STORE, b"alice", zombie.key, zombie.value or b"")
+    stale.apply(changes)
+    stale.close()
+
+    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    standby = TaskAssignment(role=TaskRole.STANDBY, epoch=2)
+    operator.write("pod-a", Assignment(generation=1, tasks={0: standby}))
+    reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
+    metrics = InstanceMetrics()
+    instance = Instance(pod_a, running_count(), metrics, pod_a.state_dir / "plan.json")
+    instance.start(first_assignment_timeout=5)
+    try:
+
+        def restored() -> bool:
+            instance.tick()
+            report = reader.reports("pod-a", PARTITIONS).get(0)
+            return report is not None and report.positions[STORE] >= end[STORE]
+
+        wait_for(restored, 10, "the restore from scratch")
+    finally:
+        instance.shutdown(timeout=10)
+        operator.close()
+        reader.close()
+    state = TaskState(pod_a.state_dir, 0, [STORE])
+    try:
+        assert state.snapshot(STORE) == {"alice": 1}, "the zombie's write is gone"
+        assert state.writer(STORE) == new
+    finally:
+        state.close()
+    assert metrics.registry.get_sample_value("smoothscale_stale_stores_total") == 1

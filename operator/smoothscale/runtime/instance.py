@@ -423,7 +423,8 @@ class Instance:
                 self._fence(task, higher)
                 return
         active.unverified_from = last + 2
-        changes = StateChanges()
+        position = active.state.position(self.pipeline.store)
+        changes = StateChanges(verified={self.pipeline.store: min(position, last + 2)})
         for _end, superseded in active.unverified:
             for key in superseded:
                 changes.supersede(self.pipeline.store, key)
@@ -432,12 +433,19 @@ class Instance:
 
     def _higher_writer(self, task: TaskId, active: _Active, end: int) -> Writer | None:
         """The highest writer of the records in [unverified_from, end) of the pipeline store's
-        changelog (the writer itself when no one above it wrote), or None when the range could
-        not be read in time (verification waits for a later batch)."""
+        changelog, or None when the range could not be read in time (verification waits for
+        a later batch)."""
         topic = self.config.changelog_topics()[self.pipeline.store]
+        highest = self._highest_writer_in(topic, task, active.unverified_from, end)
+        return None if highest is None else max(highest, active.writer)
+
+    def _highest_writer_in(self, topic: str, task: TaskId, start: int, end: int) -> Writer | None:
+        """The highest writer of the records in [start, end) of partition `task` of `topic`
+        (Writer(-1, -1, -1) when there are none), or None when the range could not be read
+        within GAP_READ_SECONDS or holds a record smoothscale did not write."""
         consumer = self._offsets
-        consumer.assign([TopicPartition(topic, task, active.unverified_from)])
-        highest = active.writer
+        consumer.assign([TopicPartition(topic, task, start)])
+        highest = Writer(-1, -1, -1)
         deadline = time.monotonic() + GAP_READ_SECONDS
         try:
             while time.monotonic() < deadline:
@@ -661,7 +669,33 @@ class Instance:
     # Helpers -------------------------------------------------------------------------------
 
     def _open_state(self, task: TaskId) -> TaskState:
-        return TaskState(self.config.state_dir, task, self.config.stores)
+        """The task's local store, wiped first when it is stale: it applied its own writes past
+        its verified offset, and a higher writer wrote there (this instance was a zombie)."""
+        state = TaskState(self.config.state_dir, task, self.config.stores)
+        for store in state.stores:
+            verified, position = state.verified(store), state.position(store)
+            if verified >= position:
+                continue
+            own = state.writer(store)
+            topic = self.config.changelog_topics()[store]
+            highest = self._highest_writer_in(topic, task, verified, position)
+            if highest is not None and (own is None or highest <= own):
+                state.apply(StateChanges(verified={store: position}))
+                continue
+            log.warning(
+                "task %d: the local store of %s is stale (writer %s above its own %s in "
+                "[%d, %d), or unreadable): restoring it from scratch",
+                task,
+                store,
+                highest,
+                own,
+                verified,
+                position,
+            )
+            self.metrics.count_stale_store()
+            state.destroy()
+            return TaskState(self.config.state_dir, task, self.config.stores)
+        return state
 
     def _input_position(self, state: TaskState, topic: str) -> int:
         """The next input offset of an active task (its activation wrote one for every input)."""
