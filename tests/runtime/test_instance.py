@@ -330,7 +330,7 @@ def test_a_restarted_instance_ends_the_hand_over_its_previous_run_left_open(
     previous.close()
     operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
     reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
-    operator.write("pod-a", Assignment(generation=2, tasks={0: active(3)}))
+    operator.write("pod-a", Assignment(generation=2, tasks={0: active(3), 1: warmup(3)}))
     with running(pod_a) as a:
         released = reader.reports("pod-a", PARTITIONS)[1]
         assert (released.role, released.epoch, dict(released.positions)) == (
@@ -341,10 +341,11 @@ def test_a_restarted_instance_ends_the_hand_over_its_previous_run_left_open(
         # An unrelated assignment does not end the release report ...
         operator.write("pod-a", Assignment(generation=3, tasks={0: active(4)}))
         wait_for(lambda: ticked(a).active_tasks() == {0: 4}, 10, "the epoch bump")
+        operator.write("pod-a", Assignment(generation=4, tasks={0: active(4)}))
         a.tick()
         assert reader.reports("pod-a", PARTITIONS)[1].role is ReportedRole.RELEASED
         # ... the task coming back here does.
-        operator.write("pod-a", Assignment(generation=4, tasks={0: active(4), 1: warmup(5)}))
+        operator.write("pod-a", Assignment(generation=5, tasks={0: active(4), 1: warmup(5)}))
 
         def warming_up() -> bool:
             a.tick()

@@ -229,8 +229,9 @@ class Instance:
                     store: max(p, positions.get(store, 0)) for store, p in state.positions().items()
                 }
                 state.close()
+            # At the generation of `assignment`: only a newer one can end the release.
             self._released[task] = TaskReport(
-                task, ReportedRole.RELEASED, report.epoch, report.generation, positions
+                task, ReportedRole.RELEASED, report.epoch, assignment.generation, positions
             )
         if self._released:
             log.info("reporting tasks released by a previous run: %s", sorted(self._released))
@@ -500,7 +501,8 @@ class Instance:
         wanted = assignment.tasks
         self.assignment = assignment
         for task in set(self._released) & set(wanted):
-            del self._released[task]
+            if self._released[task].generation < assignment.generation:
+                del self._released[task]
         self._refused = {}
         self._fenced = {}
         for task in sorted(self._active):
