@@ -77,7 +77,7 @@ def test_any_compaction_of_any_prefix_restores_the_same_state(
     assert same(replay(compacted), replay(prefix))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=EXAMPLES // 3, deadline=None)
 @given(histories(), st.data())
 def test_an_incremental_restore_with_compaction_in_between_is_exact(
     model: ProtocolModel, choices: st.DataObject
@@ -97,7 +97,10 @@ def test_an_incremental_restore_with_compaction_in_between_is_exact(
             resume = state.position(STORE)
             if not restarted:
                 resume = position
-            compacted = as_records(compact(as_log(model.log), cleaning_point, remove_tombstones))
+            # Tombstones the reader has not read yet are still there: it resumes within the
+            # topic's delete.retention.ms.
+            log = as_log(model.log)
+            compacted = as_records(compact(log, cleaning_point, remove_tombstones, resume))
             rest: list[Positioned] = [(o, r) for o, r in compacted if o >= resume]
             cursor = Cursor(state.writer(STORE), state.closed_batch(STORE), pending)
             state.apply(fold(STORE, rest, cursor, model.next_offset).changes)

@@ -354,3 +354,43 @@ def test_a_restarted_instance_ends_the_hand_over_its_previous_run_left_open(
         wait_for(warming_up, 10, "the task to be reported as a warm-up")
     operator.close()
     reader.close()
+
+
+def test_the_state_stays_exact_through_several_hand_overs(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    config = app_config(embedded_kafka, tmp_path)
+    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
+    operator.write("pod-a", Assignment(generation=1, tasks={0: active(1)}))
+    operator.write("pod-b", Assignment(generation=1))
+    produced = [user for user in users_batch(400) if user_partition(user) == 0]
+    chunks = [produced[i::4] for i in range(4)]
+    generation = 1
+    with running(for_instance(config, "pod-a")) as a, running(for_instance(config, "pod-b")) as b:
+        owner, other, instance_ids = a, b, ("pod-a", "pod-b")
+        for epoch, chunk in enumerate(chunks[:3], start=1):
+            produce_users(config, chunk)
+            while feed(owner):
+                pass
+            generation += 1
+            operator.write(instance_ids[0], Assignment(generation=generation))
+            wait_for(lambda o=owner: ticked(o).active_tasks() == {}, 10, "the release")
+            released = reader.reports(instance_ids[0], PARTITIONS)[0]
+            assert released.role is ReportedRole.RELEASED
+            until = dict(released.positions)
+            operator.write(
+                instance_ids[1],
+                Assignment(generation=generation, tasks={0: active(epoch + 1, until)}),
+            )
+            wait_for(
+                lambda o=other, e=epoch: ticked(o).active_tasks() == {0: e + 1}, 10, "activation"
+            )
+            owner, other, instance_ids = other, owner, (instance_ids[1], instance_ids[0])
+        produce_users(config, chunks[3])
+        while feed(owner):
+            pass
+        state = owner.state_snapshot(0)
+    operator.close()
+    reader.close()
+    assert state == dict(Counter(produced))
