@@ -35,7 +35,8 @@ class WorkerProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> "WorkerProcess":
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        # This checkout's product code first: the venv may have another checkout installed.
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT)])}
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [

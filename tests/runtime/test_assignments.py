@@ -1,5 +1,7 @@
 """The assignment channel: an instance sees its newest assignment, and only its own."""
 
+from confluent_kafka import Producer
+
 from smoothscale.kafka import names
 from smoothscale.kafka.assignments import (
     Assignment,
@@ -81,3 +83,35 @@ def test_reading_an_empty_assignments_topic_finds_nothing(embedded_kafka: Embedd
     app = unique("app")
     embedded_kafka.create_topic(names.assignments_topic(app), 1)
     assert read_assignments(embedded_kafka.bootstrap_servers, app) == {}
+
+
+def test_fields_a_newer_operator_adds_are_ignored() -> None:
+    record = b'{"generation":2,"zone":"a","tasks":{"1":{"role":"warmup","epoch":3,"why":"x"}}}'
+    assert decode_assignment(record) == assignment(2, t1=WARMUP)
+
+
+def test_a_record_that_does_not_decode_is_counted_and_skipped(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    app = unique("app")
+    topic = names.assignments_topic(app)
+    embedded_kafka.create_topic(topic, 1)
+    writer = AssignmentWriter(embedded_kafka.bootstrap_servers, app)
+    writer.write("pod-a", assignment(1, t0=WARMUP))
+    garbage = Producer({"bootstrap.servers": embedded_kafka.bootstrap_servers})
+    garbage.produce(topic, key=b"pod-a", value=b'{"generation": "two"')
+    garbage.flush(10)
+    writer.write("pod-a", assignment(3, t0=ACTIVE))
+    writer.close()
+    bad: list[int] = []
+    follower = AssignmentFollower(
+        embedded_kafka.bootstrap_servers, app, "pod-a", on_bad_record=lambda: bad.append(1)
+    )
+    try:
+        assert follower.poll(timeout=5) == assignment(3, t0=ACTIVE)
+        assert bad == [1]
+    finally:
+        follower.close()
+    assert read_assignments(embedded_kafka.bootstrap_servers, app) == {
+        "pod-a": assignment(3, t0=ACTIVE)
+    }

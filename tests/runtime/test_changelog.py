@@ -1,5 +1,5 @@
 """Restoring state from a changelog: the record format, batches that count only when closed,
-and the epoch rule that ignores zombies."""
+and the writer rule that ignores zombies."""
 
 import json
 from pathlib import Path
@@ -9,71 +9,94 @@ import pytest
 from smoothscale.runtime.changelog import (
     ChangelogFormatError,
     ChangelogRecord,
-    data_record,
-    epoch_marker,
+    Cursor,
+    closer,
+    data,
+    delete,
     fold,
-    input_position_record,
+    marker,
     parse_record,
+    tombstone,
 )
 from smoothscale.runtime.store import TaskState
+from smoothscale.runtime.writer import Writer
 
 STORE = "counts"
+A, B = Writer(1, 0, 7), Writer(2, 1, 3)
 
 
-def restore(records: list[ChangelogRecord], highest_epoch: int = -1) -> dict[str, object]:
-    outcome = fold(STORE, list(enumerate(records)), highest_epoch, next_position=len(records))
-    state = {
-        key.decode(): json.loads(value)
-        for key, value in outcome.changes.puts.get(STORE, {}).items()
-    }
+def restore(records: list[ChangelogRecord]) -> dict[str, object]:
+    outcome = fold(STORE, list(enumerate(records)), Cursor(), next_position=len(records))
+    entries = outcome.changes.entries.get(STORE, {})
     return {
-        "state": state,
-        "deleted": sorted(k.decode() for k in outcome.changes.deletes.get(STORE, set())),
+        "state": {
+            key.decode(): json.loads(entry.value)
+            for key, entry in entries.items()
+            if entry is not None and entry.value is not None
+        },
+        "deleted": sorted(k.decode() for k, e in entries.items() if e and e.value is None),
+        "garbage": outcome.changes.garbage.get(STORE, set()),
         "input": outcome.changes.input_positions,
-        "epoch": outcome.changes.epochs[STORE],
+        "writer": outcome.changes.writers.get(STORE),
         "position": outcome.changes.positions[STORE],
-        "pending": [offset for offset, _ in outcome.pending],
+        "pending": [offset for offset, _ in outcome.cursor.pending],
         "skipped": outcome.skipped,
     }
 
 
 def test_records_round_trip_through_message_fields() -> None:
-    record = data_record("alice", {"count": 3}, epoch=7)
-    parsed = parse_record(record.key, record.value, record.headers())
-    assert parsed == record
-    assert json.loads(parsed.value or b"") == {"count": 3}
+    for record in (
+        data(A, 3, "alice", {"count": 3}, b"d:alice@1.0.7.2"),
+        delete(A, 4, "alice", None),
+        closer(A, 4, {"clicks": 9}, b"c@1.0.7.3"),
+        marker(A, "pod-a"),
+        tombstone(A, b"d:alice@1.0.7.2"),
+    ):
+        assert parse_record(record.key, record.value, record.headers()) == record
+
+
+def test_record_keys_are_unique_per_writer_and_batch() -> None:
+    assert data(A, 3, "al@ice", 1, None).key == b"d:al@ice@1.0.7.3"
+    assert data(A, 3, "al@ice", 1, None).state_key() == b"al@ice"
+    assert closer(A, 3, {}, None).key == b"c@1.0.7.3"
+    assert marker(A, "pod-a").key == b"m@1.0.7"
 
 
 def test_a_record_smoothscale_did_not_write_is_refused() -> None:
     with pytest.raises(ChangelogFormatError, match="written by smoothscale only"):
         parse_record(b"bob", b"5", None)
+    bad_kind = [("smoothscale.kind", b"epoch"), ("smoothscale.writer", b"1.0.0")]
+    with pytest.raises(ChangelogFormatError, match="bad smoothscale headers"):
+        parse_record(b"bob", b"5", bad_kind)
 
 
 def test_restore_applies_closed_batches_in_order() -> None:
+    alice1 = data(A, 1, "alice", 1, None)
+    bob1 = data(A, 1, "bob", 1, None)
     restored = restore(
         [
-            epoch_marker(1, "pod-a"),
-            data_record("alice", 1, 1),
-            data_record("bob", 1, 1),
-            input_position_record({"clicks": 2}, 1),
-            data_record("alice", 2, 1),
-            data_record("bob", None, 1),
-            input_position_record({"clicks": 3}, 1),
+            marker(A, "pod-a"),
+            alice1,
+            bob1,
+            closer(A, 1, {"clicks": 2}, None),
+            data(A, 2, "alice", 2, alice1.key),
+            delete(A, 2, "bob", bob1.key),
+            closer(A, 2, {"clicks": 3}, b"c@1.0.7.1"),
         ]
     )
     assert restored["state"] == {"alice": 2}
     assert restored["deleted"] == ["bob"]
+    assert restored["garbage"] == {alice1.key, bob1.key, b"c@1.0.7.1"}
     assert restored["input"] == {"clicks": 3}
-    assert restored["epoch"] == 1
-    assert restored["position"] == 7
+    assert (restored["writer"], restored["position"]) == (A, 7)
 
 
 def test_an_unclosed_batch_waits_and_keeps_the_position_before_it() -> None:
     restored = restore(
         [
-            data_record("alice", 1, 1),
-            input_position_record({"clicks": 1}, 1),
-            data_record("alice", 2, 1),
+            data(A, 1, "alice", 1, None),
+            closer(A, 1, {"clicks": 1}, None),
+            data(A, 2, "alice", 2, None),
         ]
     )
     assert restored["state"] == {"alice": 1}
@@ -81,17 +104,26 @@ def test_an_unclosed_batch_waits_and_keeps_the_position_before_it() -> None:
     assert restored["position"] == 2, "a restart must read the open batch again"
 
 
+def test_a_later_batch_of_the_same_writer_closes_the_pending_one() -> None:
+    """Its closer may have been reclaimed: the writer only went on after it committed."""
+    restored = restore(
+        [data(A, 1, "alice", 1, None), data(A, 2, "bob", 1, None), closer(A, 2, {"c": 2}, None)]
+    )
+    assert restored["state"] == {"alice": 1, "bob": 1}
+    assert restored["input"] == {"c": 2}
+
+
 def test_an_unclosed_batch_of_a_dead_owner_is_dropped_at_the_new_owners_marker() -> None:
     restored = restore(
         [
-            data_record("alice", 1, 1),
-            input_position_record({"clicks": 1}, 1),
+            data(A, 1, "alice", 1, None),
+            closer(A, 1, {"clicks": 1}, None),
             # The owner died in the middle of its next transaction, and a broker that shows
             # uncommitted records (the librdkafka mock) delivers what it had written.
-            data_record("alice", 2, 1),
-            epoch_marker(2, "pod-b"),
-            data_record("alice", 5, 2),
-            input_position_record({"clicks": 4}, 2),
+            data(A, 2, "alice", 2, None),
+            marker(B, "pod-b"),
+            data(B, 1, "alice", 5, None),
+            closer(B, 1, {"clicks": 4}, None),
         ]
     )
     assert restored["state"] == {"alice": 5}
@@ -102,47 +134,84 @@ def test_an_unclosed_batch_of_a_dead_owner_is_dropped_at_the_new_owners_marker()
 def test_a_zombies_writes_after_the_new_owners_marker_are_skipped() -> None:
     restored = restore(
         [
-            data_record("alice", 1, 1),
-            input_position_record({"clicks": 1}, 1),
-            epoch_marker(2, "pod-b"),
-            # The old owner (epoch 1) was not fenced and commits one more batch.
-            data_record("alice", 99, 1),
-            input_position_record({"clicks": 50}, 1),
-            data_record("alice", 2, 2),
-            input_position_record({"clicks": 2}, 2),
+            data(A, 1, "alice", 1, None),
+            closer(A, 1, {"clicks": 1}, None),
+            marker(B, "pod-b"),
+            # The old owner was not fenced and commits one more batch.
+            data(A, 2, "alice", 99, None),
+            closer(A, 2, {"clicks": 50}, None),
+            data(B, 1, "alice", 2, None),
+            closer(B, 1, {"clicks": 2}, None),
         ]
     )
     assert restored["state"] == {"alice": 2}
     assert restored["input"] == {"clicks": 2}
     assert restored["skipped"] == 2
-    assert restored["epoch"] == 2
+    assert restored["writer"] == B
+
+
+def test_a_restart_in_place_is_a_higher_writer_at_the_same_epoch() -> None:
+    restarted = Writer.next_after(1, A)
+    assert (restarted.epoch, restarted.session) == (1, 1)
+    assert restarted > A
+    restored = restore(
+        [
+            data(A, 1, "alice", 1, None),
+            closer(A, 1, {"clicks": 1}, None),
+            data(A, 2, "alice", 2, None),
+            marker(restarted, "pod-a"),
+        ]
+    )
+    assert restored["state"] == {"alice": 1}
+
+
+def test_tombstones_change_no_state_and_reclaim_a_delete() -> None:
+    alice1 = data(A, 1, "alice", 1, None)
+    gone = delete(A, 2, "alice", alice1.key)
+    restored = restore(
+        [
+            alice1,
+            closer(A, 1, {"clicks": 1}, None),
+            gone,
+            closer(A, 2, {"clicks": 2}, None),
+            tombstone(A, alice1.key),
+            tombstone(A, data(A, 9, "bob", 1, None).key),
+        ]
+    )
+    assert restored["state"] == {}
+    assert restored["deleted"] == ["alice"]
+    assert restored["garbage"] == set()
+    reclaimed = restore([gone, closer(A, 2, {}, None), tombstone(A, gone.key)])
+    assert reclaimed["deleted"] == []
 
 
 def test_a_batch_split_across_restore_runs_applies_once_closed(tmp_path: Path) -> None:
     state = TaskState(tmp_path, 0, [STORE])
     try:
-        first = fold(STORE, [(0, data_record("alice", 1, 1))], state.epoch(STORE), 1)
+        first = fold(STORE, [(0, data(A, 1, "alice", 1, None))], Cursor(), 1)
         state.apply(first.changes)
         assert state.get(STORE, b"alice") is None
         assert state.position(STORE) == 0
-        closing = [(1, input_position_record({"clicks": 1}, 1))]
-        second = fold(STORE, closing, state.epoch(STORE), 2, first.pending)
+        cursor = Cursor(state.writer(STORE), state.closed_batch(STORE), first.cursor.pending)
+        second = fold(STORE, [(1, closer(A, 1, {"clicks": 1}, None))], cursor, 2)
         state.apply(second.changes)
         assert state.snapshot(STORE) == {"alice": 1}
+        assert state.record_keys(STORE, [b"alice"]) == [b"d:alice@1.0.7.1"]
         assert (state.position(STORE), state.input_positions()) == (2, {"clicks": 1})
     finally:
         state.close()
 
 
-def test_the_highest_epoch_persists_across_restore_runs(tmp_path: Path) -> None:
+def test_the_highest_writer_persists_across_restore_runs(tmp_path: Path) -> None:
     state = TaskState(tmp_path, 0, [STORE])
     try:
-        state.apply(fold(STORE, [(0, epoch_marker(3, "pod-b"))], state.epoch(STORE), 1).changes)
-        stale = [(1, data_record("alice", 99, 2)), (2, input_position_record({"c": 9}, 2))]
-        second = fold(STORE, stale, state.epoch(STORE), 3)
+        state.apply(fold(STORE, [(0, marker(B, "pod-b"))], Cursor(), 1).changes)
+        stale = [(1, data(A, 1, "alice", 99, None)), (2, closer(A, 1, {"c": 9}, None))]
+        cursor = Cursor(state.writer(STORE), state.closed_batch(STORE))
+        second = fold(STORE, stale, cursor, 3)
         state.apply(second.changes)
         assert second.skipped == 2
         assert state.get(STORE, b"alice") is None
-        assert (state.epoch(STORE), state.position(STORE)) == (3, 3)
+        assert (state.writer(STORE), state.epoch(STORE), state.position(STORE)) == (B, 2, 3)
     finally:
         state.close()

@@ -7,9 +7,11 @@ through the operator's channels; the Spark half of a micro-batch is replaced by 
 from collections import Counter
 from pathlib import Path
 
+from confluent_kafka import Producer
+
 from smoothscale.kafka.assignments import Assignment, AssignmentWriter, TaskAssignment
 from smoothscale.kafka.embedded import EmbeddedKafka
-from smoothscale.kafka.progress import ProgressReader, ReportedRole
+from smoothscale.kafka.progress import ProgressCommitter, ProgressReader, ReportedRole, TaskReport
 from smoothscale.runtime.instance import Instance
 from smoothscale.runtime.restore import catch_up
 from smoothscale.runtime.store import TaskState
@@ -78,6 +80,13 @@ def test_hand_over_between_two_instances_keeps_the_state_exact(
             )
 
         wait_for(b_caught_up, 10, "the warm-up to catch up")
+
+        def ends_reported_with_positions() -> bool:
+            b.tick()
+            report = reader.reports("pod-b", PARTITIONS)[1]
+            return report.ends is not None and dict(report.ends) == dict(report.positions)
+
+        wait_for(ends_reported_with_positions, 10, "the warm-up to report its changelog end")
 
         # Revoke from A: it finishes its batch, releases, acknowledges its final offsets.
         operator.write("pod-a", Assignment(generation=3, tasks={0: active(1)}))
@@ -169,21 +178,37 @@ def test_shutdown_releases_every_active_task_with_its_final_offsets(
         assert reports[task].positions[STORE] > 0
 
 
-def test_an_assignment_older_than_the_changelog_epoch_is_not_activated(
+def test_an_assignment_older_than_the_changelog_epoch_is_refused_and_reported(
     embedded_kafka: EmbeddedKafka, tmp_path: Path
 ) -> None:
     config = app_config(embedded_kafka, tmp_path)
     operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
     operator.write("pod-a", Assignment(generation=1, tasks={0: active(5)}))
     with running(for_instance(config, "pod-a")) as a:
         assert a.active_tasks() == {0: 5}
     # A stale operator hands the task to pod-b at an epoch below the one in the changelog.
     operator.write("pod-b", Assignment(generation=2, tasks={0: active(4)}))
     with running(for_instance(config, "pod-b")) as b:
-        for _ in range(10):
+
+        def refused() -> bool:
+            b.tick()
+            report = reader.reports("pod-b", PARTITIONS).get(0)
+            return report is not None and report.role is ReportedRole.REFUSED
+
+        wait_for(refused, 10, "the refusal to be reported")
+        report = reader.reports("pod-b", PARTITIONS)[0]
+        assert (report.epoch, report.seen_epoch) == (4, 5)
+        assert "above epoch 5" in (report.error or "")
+        for _ in range(5):
             b.tick()
         assert b.active_tasks() == {}
+        assert reader.reports("pod-b", PARTITIONS)[0].role is ReportedRole.REFUSED
+
+        operator.write("pod-b", Assignment(generation=3, tasks={0: active(6)}))
+        wait_for(lambda: ticked(b).active_tasks() == {0: 6}, 10, "the activation above it")
     operator.close()
+    reader.close()
 
 
 def test_a_released_task_kept_as_standby_follows_the_new_owner(
@@ -260,4 +285,112 @@ def test_a_report_kafka_refuses_does_not_stop_processing_and_is_sent_again(
         wait_for(reported_everything, 10, "the reports to get through")
     reader.close()
     operator.close()
+    assert state == dict(Counter(produced))
+
+
+def test_a_foreign_changelog_record_fails_only_its_task(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    config = app_config(embedded_kafka, tmp_path)
+    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
+    stranger = Producer({"bootstrap.servers": config.bootstrap_servers})
+    stranger.produce(config.changelog_topics()[STORE], key=b"alice", value=b"1", partition=1)
+    stranger.flush(10)
+    operator.write("pod-a", Assignment(generation=1, tasks={0: active(1), 1: warmup(1)}))
+    produce_users(config, users_batch(100))
+    with running(for_instance(config, "pod-a")) as a:
+
+        def reported_on_its_task() -> bool:
+            a.tick()
+            report = reader.reports("pod-a", PARTITIONS).get(1)
+            return report is not None and report.error is not None
+
+        wait_for(reported_on_its_task, 10, "the error on task 1")
+        report = reader.reports("pod-a", PARTITIONS)[1]
+        assert report.role is ReportedRole.WARMUP
+        assert "written by smoothscale only" in (report.error or "")
+        assert feed(a) > 0, "the other task goes on"
+        assert a.active_tasks() == {0: 1}
+    operator.close()
+    reader.close()
+
+
+def test_a_restarted_instance_ends_the_hand_over_its_previous_run_left_open(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    config = app_config(embedded_kafka, tmp_path)
+    pod_a = for_instance(config, "pod-a")
+    # The previous run held task 1 active, then died before it applied the assignment that
+    # revoked it: its last report says active.
+    previous = ProgressCommitter(
+        config.bootstrap_servers, config.app_id, "pod-a", config.changelog_topics()
+    )
+    previous.commit([TaskReport(1, ReportedRole.ACTIVE, 3, 1, {STORE: 5}, {"users": 9})])
+    previous.close()
+    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
+    operator.write("pod-a", Assignment(generation=2, tasks={0: active(3), 1: warmup(3)}))
+    with running(pod_a) as a:
+        released = reader.reports("pod-a", PARTITIONS)[1]
+        assert (released.role, released.epoch, dict(released.positions)) == (
+            ReportedRole.RELEASED,
+            3,
+            {STORE: 5},
+        )
+        # An unrelated assignment does not end the release report ...
+        operator.write("pod-a", Assignment(generation=3, tasks={0: active(4)}))
+        wait_for(lambda: ticked(a).active_tasks() == {0: 4}, 10, "the epoch bump")
+        operator.write("pod-a", Assignment(generation=4, tasks={0: active(4)}))
+        a.tick()
+        assert reader.reports("pod-a", PARTITIONS)[1].role is ReportedRole.RELEASED
+        # ... the task coming back here does.
+        operator.write("pod-a", Assignment(generation=5, tasks={0: active(4), 1: warmup(5)}))
+
+        def warming_up() -> bool:
+            a.tick()
+            return reader.reports("pod-a", PARTITIONS)[1].role is ReportedRole.WARMUP
+
+        wait_for(warming_up, 10, "the task to be reported as a warm-up")
+    operator.close()
+    reader.close()
+
+
+def test_the_state_stays_exact_through_several_hand_overs(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    config = app_config(embedded_kafka, tmp_path)
+    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
+    operator.write("pod-a", Assignment(generation=1, tasks={0: active(1)}))
+    operator.write("pod-b", Assignment(generation=1))
+    produced = [user for user in users_batch(400) if user_partition(user) == 0]
+    chunks = [produced[i::4] for i in range(4)]
+    generation = 1
+    with running(for_instance(config, "pod-a")) as a, running(for_instance(config, "pod-b")) as b:
+        owner, other, instance_ids = a, b, ("pod-a", "pod-b")
+        for epoch, chunk in enumerate(chunks[:3], start=1):
+            produce_users(config, chunk)
+            while feed(owner):
+                pass
+            generation += 1
+            operator.write(instance_ids[0], Assignment(generation=generation))
+            wait_for(lambda o=owner: ticked(o).active_tasks() == {}, 10, "the release")
+            released = reader.reports(instance_ids[0], PARTITIONS)[0]
+            assert released.role is ReportedRole.RELEASED
+            until = dict(released.positions)
+            operator.write(
+                instance_ids[1],
+                Assignment(generation=generation, tasks={0: active(epoch + 1, until)}),
+            )
+            wait_for(
+                lambda o=other, e=epoch: ticked(o).active_tasks() == {0: e + 1}, 10, "activation"
+            )
+            owner, other, instance_ids = other, owner, (instance_ids[1], instance_ids[0])
+        produce_users(config, chunks[3])
+        while feed(owner):
+            pass
+        state = owner.state_snapshot(0)
+    operator.close()
+    reader.close()
     assert state == dict(Counter(produced))

@@ -10,16 +10,12 @@ from confluent_kafka import Producer
 
 from smoothscale.kafka import names
 from smoothscale.kafka.embedded import EmbeddedKafka
-from smoothscale.runtime.changelog import (
-    ChangelogRecord,
-    data_record,
-    epoch_marker,
-    input_position_record,
-)
+from smoothscale.runtime.changelog import ChangelogRecord, closer, data, marker
 from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.restore import RestoreLoop, catch_up
 from smoothscale.runtime.store import TaskState
 from smoothscale.runtime.transactions import TaskProducer, TransactionError
+from smoothscale.runtime.writer import Writer
 from tests.runtime.kafka_helpers import read_committed, unique, wait_for
 
 STORE = "counts"
@@ -43,9 +39,15 @@ def config(embedded_kafka: EmbeddedKafka, tmp_path: Path) -> WorkerConfig:
     return config
 
 
-def batch(epoch: int, counts: dict[str, int], position: int) -> dict[str, list[ChangelogRecord]]:
-    records = [data_record(key, value, epoch) for key, value in counts.items()]
-    return {STORE: [*records, input_position_record({"clicks": position}, epoch)]}
+def batch(
+    writer: Writer, number: int, counts: dict[str, int], position: int
+) -> dict[str, list[ChangelogRecord]]:
+    """Batch `number` of `writer` (supersedes left out: these tests reclaim nothing)."""
+    records = [data(writer, number, key, value, None) for key, value in counts.items()]
+    return {STORE: [*records, closer(writer, number, {"clicks": position}, None)]}
+
+
+A, B = Writer(1, 0, 0), Writer(2, 1, 0)
 
 
 def restored(config: WorkerConfig, task: int, directory: str) -> TaskState:
@@ -56,9 +58,9 @@ def restored(config: WorkerConfig, task: int, directory: str) -> TaskState:
 
 def test_a_committed_batch_is_restored_with_its_input_position(config: WorkerConfig) -> None:
     producer = TaskProducer(config, task=1, epoch=1)
-    producer.commit({STORE: [epoch_marker(1, "pod-a")]})
-    positions = producer.commit(batch(1, {"alice": 2, "bob": 1}, 10), outputs=[("alice", 2)])
-    producer.commit(batch(1, {"alice": 3}, 12), outputs=[("alice", 3)])
+    producer.commit({STORE: [marker(A, "pod-a")]})
+    positions = producer.commit(batch(A, 1, {"alice": 2, "bob": 1}, 10), outputs=[("alice", 2)])
+    producer.commit(batch(A, 2, {"alice": 3}, 12), outputs=[("alice", 3)])
     producer.close()
 
     state = restored(config, 1, "fresh")
@@ -75,13 +77,13 @@ def test_a_committed_batch_is_restored_with_its_input_position(config: WorkerCon
 
 def test_an_aborted_batch_leaves_no_trace(config: WorkerConfig) -> None:
     producer = TaskProducer(config, task=0, epoch=1)
-    producer.commit(batch(1, {"alice": 1}, 1), outputs=[("alice", 1)])
+    producer.commit(batch(A, 1, {"alice": 1}, 1), outputs=[("alice", 1)])
 
     def fail(_producer: Producer) -> None:
         raise TransactionError("the batch failed half-way")
 
     with pytest.raises(TransactionError):
-        producer.commit(batch(1, {"alice": 100}, 50), outputs=[("alice", 100)], also=fail)
+        producer.commit(batch(A, 2, {"alice": 100}, 50), outputs=[("alice", 100)], also=fail)
     producer.close()
 
     state = restored(config, 0, "fresh")
@@ -98,12 +100,12 @@ def test_restore_ignores_an_unfenced_zombie_after_the_new_owners_marker(
     config: WorkerConfig,
 ) -> None:
     old_owner = TaskProducer(config, task=0, epoch=1)
-    old_owner.commit(batch(1, {"alice": 5}, 5))
+    old_owner.commit(batch(A, 1, {"alice": 5}, 5))
     new_owner = TaskProducer(config, task=0, epoch=2)
-    new_owner.commit({STORE: [epoch_marker(2, "pod-b")]})
+    new_owner.commit({STORE: [marker(B, "pod-b")]})
     # The mock broker does not fence: the old owner's next commit succeeds.
-    old_owner.commit(batch(1, {"alice": 6}, 6))
-    new_owner.commit(batch(2, {"alice": 7}, 7))
+    old_owner.commit(batch(A, 2, {"alice": 6}, 6))
+    new_owner.commit(batch(B, 1, {"alice": 7}, 7))
     old_owner.close()
     new_owner.close()
 
@@ -118,7 +120,7 @@ def test_restore_ignores_an_unfenced_zombie_after_the_new_owners_marker(
 
 def test_the_restore_loop_follows_a_task_while_its_owner_writes(config: WorkerConfig) -> None:
     owner = TaskProducer(config, task=1, epoch=1)
-    owner.commit(batch(1, {"alice": 1}, 1))
+    owner.commit(batch(A, 1, {"alice": 1}, 1))
     restored_records: list[int] = []
     lock = threading.Lock()
 
@@ -131,8 +133,8 @@ def test_the_restore_loop_follows_a_task_while_its_owner_writes(config: WorkerCo
     try:
         loop.follow(TaskState(config.state_dir / "standby", 1, [STORE]))
         for n in range(2, 30):
-            owner.commit(batch(1, {"alice": n}, n))
-        end = owner.commit(batch(1, {"bob": 1}, 30))[STORE]
+            owner.commit(batch(A, n, {"alice": n}, n))
+        end = owner.commit(batch(A, 30, {"bob": 1}, 30))[STORE]
         wait_for(lambda: loop.positions()[1][STORE] >= end, 10, "the standby to catch up")
         state = loop.unfollow(1)
         assert state is not None

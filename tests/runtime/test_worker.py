@@ -16,11 +16,12 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from smoothscale.kafka.assignments import Assignment, AssignmentWriter, TaskAssignment
 from smoothscale.kafka.embedded import EmbeddedKafka
 from smoothscale.kafka.progress import InputPositionCommitter, ProgressReader, ReportedRole
-from smoothscale.runtime.changelog import data_record, epoch_marker, input_position_record
+from smoothscale.runtime.changelog import closer, data, marker
 from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.restore import catch_up
 from smoothscale.runtime.store import TaskState
 from smoothscale.runtime.transactions import TaskProducer
+from smoothscale.runtime.writer import Writer
 from smoothscale.tasks import TaskRole
 from tests.runtime.instance_helpers import (
     PARTITIONS,
@@ -298,17 +299,18 @@ def test_a_warm_up_reports_itself_caught_up_while_spark_is_still_starting(
 ) -> None:
     config = app_config(embedded_kafka, tmp_path)
     owner = TaskProducer(config, task=0, epoch=1)
+    writer = Writer(1, 0, 0)
     try:
-        owner.commit({STORE: [epoch_marker(1, "owner")]})
-        for batch in range(20):
-            records = [data_record(f"user-{key}", batch + 1, 1) for key in range(100)]
-            records.append(input_position_record({config.input_topics[0]: batch + 1}, 1))
+        owner.commit({STORE: [marker(writer, "owner")]})
+        for batch in range(1, 21):
+            records = [data(writer, batch, f"user-{key}", batch, None) for key in range(100)]
+            records.append(closer(writer, batch, {config.input_topics[0]: batch}, None))
             owner.commit({STORE: records})
     finally:
         owner.close()
-    writer = AssignmentWriter(config.bootstrap_servers, config.app_id)
-    writer.write("warm", Assignment(generation=1, tasks={0: role(TaskRole.WARMUP, 1)}))
-    writer.close()
+    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    operator.write("warm", Assignment(generation=1, tasks={0: role(TaskRole.WARMUP, 1)}))
+    operator.close()
     reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
     worker = WorkerProcess(for_instance(config, "warm")).start()
     try:

@@ -6,11 +6,14 @@ docs/architecture.md, "The assignment channel". Because the topic is compacted, 
 record per instance is all that survives; because an operator that lost its leadership could
 still write a late, stale record, readers keep the record with the highest generation rather
 than the last one. A tombstone (null value) forgets an instance whose pod is gone.
+Readers ignore fields they do not know (a newer operator may add some), and a record that does
+not decode is logged and skipped, never a crash loop.
 """
 
 import json
+import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -25,11 +28,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from smoothscale.kafka import names
 from smoothscale.tasks import TaskId, TaskRole
 
+log = logging.getLogger(__name__)
+
 
 class TaskAssignment(BaseModel):
     """How one instance holds one task."""
 
-    model_config = ConfigDict(populate_by_name=True, frozen=True, extra="forbid")
+    model_config = ConfigDict(populate_by_name=True, frozen=True, extra="ignore")
 
     role: TaskRole
     epoch: int = Field(ge=0, description="The task's ownership epoch; bumped at every new owner.")
@@ -44,7 +49,7 @@ class TaskAssignment(BaseModel):
 class Assignment(BaseModel):
     """Everything one instance holds, as of one generation of the app's assignment."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
     generation: int = Field(ge=0)
     tasks: dict[TaskId, TaskAssignment] = Field(default_factory=dict)
@@ -131,8 +136,11 @@ class AssignmentFollower:
         app_id: str,
         instance_id: str,
         client_config: Mapping[str, str] | None = None,
+        on_bad_record: Callable[[], None] | None = None,
     ) -> None:
+        """`on_bad_record` is called for each record for this instance that does not decode."""
         self.instance_id = instance_id
+        self._on_bad_record = on_bad_record
         self._key = instance_id.encode()
         self.topic = names.assignments_topic(app_id)
         self.generation = -1
@@ -162,7 +170,15 @@ class AssignmentFollower:
                 value = message.value()
                 if value is None:
                     continue
-                assignment = decode_assignment(value)
+                try:
+                    assignment = decode_assignment(value)
+                except AssignmentDecodeError as error:
+                    log.error(
+                        "skipping assignment record at offset %s: %s", message.offset(), error
+                    )
+                    if self._on_bad_record is not None:
+                        self._on_bad_record()
+                    continue
                 if assignment.generation > self.generation:
                     self.generation = assignment.generation
                     newest = assignment
@@ -210,7 +226,11 @@ def read_assignments(
                 if value is None:
                     current.pop(instance_id, None)
                     continue
-                assignment = decode_assignment(value)
+                try:
+                    assignment = decode_assignment(value)
+                except AssignmentDecodeError as error:
+                    log.error("skipping the assignment record of %s: %s", instance_id, error)
+                    continue
                 held = current.get(instance_id)
                 if held is None or assignment.generation > held.generation:
                     current[instance_id] = assignment

@@ -1,20 +1,21 @@
 """The changelog record format and the rule that restores a task's state from it.
 
-Every record of a changelog partition carries two headers: `smoothscale.epoch`, the ownership
-epoch of the instance that wrote it, and `smoothscale.kind`, one of
+A changelog topic may be compacted, which keeps only the newest record per record key. So
+every record key is unique to the writer (`Writer`, one activation of one owner) and batch that
+wrote it, and a record is removed only by a Kafka tombstone its writer sends once the record
+that superseded it is verified legitimate (docs/runtime.md gives the argument). Every record
+carries the headers `smoothscale.kind`, `smoothscale.writer` ("E.S.N"), `smoothscale.epoch`
+(for humans) and, for data, delete and close records, `smoothscale.batch` (1, 2, ... per
+writer) and `smoothscale.supersedes` (the record key this one replaces, if any):
 
-- `data`: key = the state key (UTF-8), value = its new value as JSON, or null to delete it;
-- `epoch`: the epoch marker a new owner writes before it processes anything
-  (value: `{"epoch": n, "instance": "<id>"}`);
-- `input-position`: the task's input position, written in the same transaction as the state
-  changes it accounts for (value: `{"<input topic>": <next offset>, ...}`); it lives in the
-  changelog of the pipeline's store.
+- `marker`: key `m@E.S.N`, the first record a writer writes on each of its task's changelog
+  partitions (value: `{"epoch", "session", "instance"}`);
+- `close`: key `c@E.S.N.B`, closes batch B (value: `{"input": {topic: next offset}}`); it
+  supersedes the writer's previous closer; batch 0 is the start position of a new task;
+- `data`: key `d:<state key>@E.S.N.B`, the key's new state as JSON;
+- `delete`: the same key form, value empty (not a Kafka tombstone);
+- `tombstone`: key = a superseded record key, value null: lets compaction reclaim it.
 
-Each micro-batch of a task writes its data records, then its input-position record, which
-closes the batch. Restore applies records in offset order, a closed batch at a time, and skips
-any record whose epoch is below the highest epoch seen so far on the partition: once a new
-owner's marker is in the changelog, whatever an older owner still writes (a zombie the broker
-did not fence) is ignored, and a batch its writer never closed is dropped (see `fold`).
 Changelogs are written only by smoothscale: a record without its headers is an error.
 """
 
@@ -25,19 +26,28 @@ from enum import StrEnum
 from typing import Any
 
 from smoothscale.runtime.store import StateChanges
+from smoothscale.runtime.writer import Writer
 
-EPOCH_HEADER = "smoothscale.epoch"
 KIND_HEADER = "smoothscale.kind"
-EPOCH_MARKER_KEY = b"\x00smoothscale.epoch"
-INPUT_POSITION_KEY = b"\x00smoothscale.input-position"
+WRITER_HEADER = "smoothscale.writer"
+EPOCH_HEADER = "smoothscale.epoch"
+BATCH_HEADER = "smoothscale.batch"
+SUPERSEDES_HEADER = "smoothscale.supersedes"
+
+_DATA_PREFIX = b"d:"
 
 Headers = list[tuple[str, str | bytes | None]]
 
 
 class RecordKind(StrEnum):
+    MARKER = "marker"
+    CLOSE = "close"
     DATA = "data"
-    EPOCH = "epoch"
-    INPUT_POSITION = "input-position"
+    DELETE = "delete"
+    TOMBSTONE = "tombstone"
+
+
+_BATCHED = {RecordKind.CLOSE, RecordKind.DATA, RecordKind.DELETE}
 
 
 class ChangelogFormatError(ValueError):
@@ -47,33 +57,75 @@ class ChangelogFormatError(ValueError):
 @dataclass(frozen=True)
 class ChangelogRecord:
     kind: RecordKind
-    epoch: int
+    writer: Writer
     key: bytes
     value: bytes | None
+    batch: int | None = None
+    """The writer's batch (data, delete and close records)."""
+    supersedes: bytes | None = None
+    """The record key this record replaces: garbage once this record is applied."""
 
     def headers(self) -> Headers:
-        return [(EPOCH_HEADER, str(self.epoch).encode()), (KIND_HEADER, self.kind.value.encode())]
+        headers: Headers = [
+            (KIND_HEADER, self.kind.value.encode()),
+            (WRITER_HEADER, str(self.writer).encode()),
+            (EPOCH_HEADER, str(self.writer.epoch).encode()),
+        ]
+        if self.batch is not None:
+            headers.append((BATCH_HEADER, str(self.batch).encode()))
+        if self.supersedes is not None:
+            headers.append((SUPERSEDES_HEADER, self.supersedes))
+        return headers
+
+    def state_key(self) -> bytes:
+        """The state key a data or delete record changes."""
+        key = state_key_of(self.key)
+        if key is None:
+            raise ValueError(f"{self.kind} record {self.key!r} changes no state key")
+        return key
+
+
+def state_key_of(record_key: bytes) -> bytes | None:
+    """The state key of a data or delete record key (None for any other record key)."""
+    if not record_key.startswith(_DATA_PREFIX) or b"@" not in record_key:
+        return None
+    return record_key[len(_DATA_PREFIX) : record_key.rindex(b"@")]
 
 
 def _json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
 
 
-def data_record(key: str, value: Any | None, epoch: int) -> ChangelogRecord:
-    """A change of state key `key` to `value` (None deletes the key)."""
-    encoded = None if value is None else _json(value)
-    return ChangelogRecord(RecordKind.DATA, epoch, key.encode(), encoded)
+def marker(writer: Writer, instance_id: str) -> ChangelogRecord:
+    value = {"epoch": writer.epoch, "session": writer.session, "instance": instance_id}
+    return ChangelogRecord(RecordKind.MARKER, writer, f"m@{writer}".encode(), _json(value))
 
 
-def epoch_marker(epoch: int, instance_id: str) -> ChangelogRecord:
-    return ChangelogRecord(
-        RecordKind.EPOCH, epoch, EPOCH_MARKER_KEY, _json({"epoch": epoch, "instance": instance_id})
-    )
+def closer(
+    writer: Writer, batch: int, input_positions: Mapping[str, int], supersedes: bytes | None
+) -> ChangelogRecord:
+    """Closes `batch`: per input topic, the next offset to process once it is applied."""
+    key = f"c@{writer}.{batch}".encode()
+    value = _json({"input": dict(input_positions)})
+    return ChangelogRecord(RecordKind.CLOSE, writer, key, value, batch, supersedes)
 
 
-def input_position_record(positions: Mapping[str, int], epoch: int) -> ChangelogRecord:
-    """The task's input position: per input topic, the next offset to process."""
-    return ChangelogRecord(RecordKind.INPUT_POSITION, epoch, INPUT_POSITION_KEY, _json(positions))
+def data(
+    writer: Writer, batch: int, state_key: str, value: Any, supersedes: bytes | None
+) -> ChangelogRecord:
+    """The new state of `state_key` (JSON-able; never None, see `delete`)."""
+    key = _DATA_PREFIX + state_key.encode() + f"@{writer}.{batch}".encode()
+    return ChangelogRecord(RecordKind.DATA, writer, key, _json(value), batch, supersedes)
+
+
+def delete(writer: Writer, batch: int, state_key: str, supersedes: bytes | None) -> ChangelogRecord:
+    key = _DATA_PREFIX + state_key.encode() + f"@{writer}.{batch}".encode()
+    return ChangelogRecord(RecordKind.DELETE, writer, key, b"", batch, supersedes)
+
+
+def tombstone(writer: Writer, record_key: bytes) -> ChangelogRecord:
+    """Lets compaction remove `record_key`, a record superseded by a verified one."""
+    return ChangelogRecord(RecordKind.TOMBSTONE, writer, record_key, None)
 
 
 MessageHeaders = list[tuple[str, str | bytes | None]] | dict[str, str | bytes | None] | None
@@ -89,19 +141,22 @@ def parse_record(
         for name, raw in pairs
         if raw is not None
     }
-    if EPOCH_HEADER not in fields or KIND_HEADER not in fields:
+    if WRITER_HEADER not in fields or KIND_HEADER not in fields:
         raise ChangelogFormatError(
-            f"a record without the {EPOCH_HEADER} and {KIND_HEADER} headers: the changelog "
+            f"a record without the {WRITER_HEADER} and {KIND_HEADER} headers: the changelog "
             "must be written by smoothscale only (is another app using the same topic?)"
         )
     try:
-        epoch = int(fields[EPOCH_HEADER])
+        writer = Writer.parse(fields[WRITER_HEADER].decode())
         kind = RecordKind(fields[KIND_HEADER].decode())
-    except ValueError as error:
-        raise ChangelogFormatError(f"bad smoothscale headers {fields!r}: {error}") from error
+        batch = int(fields[BATCH_HEADER]) if kind in _BATCHED else None
+    except (ValueError, KeyError) as error:
+        raise ChangelogFormatError(f"bad smoothscale headers {fields!r}: {error!r}") from error
     if key is None:
         raise ChangelogFormatError("a changelog record without a key")
-    return ChangelogRecord(kind, epoch, key, value)
+    if (value is None) != (kind is RecordKind.TOMBSTONE):
+        raise ChangelogFormatError(f"a {kind} record {key!r} with value {value!r}")
+    return ChangelogRecord(kind, writer, key, value, batch, fields.get(SUPERSEDES_HEADER))
 
 
 Positioned = tuple[int, ChangelogRecord]
@@ -109,60 +164,97 @@ Positioned = tuple[int, ChangelogRecord]
 
 
 @dataclass
+class Cursor:
+    """Where the fold of one changelog partition stands."""
+
+    writer: Writer | None = None
+    """The highest writer seen (W*)."""
+    closed: int = -1
+    """The batch W* last closed."""
+    pending: list[Positioned] = field(default_factory=list)
+    """The records of W*'s batch not closed yet, in order."""
+
+
+@dataclass
 class RestoreOutcome:
     changes: StateChanges
-    pending: list[Positioned] = field(default_factory=list)
-    """The records of a batch not closed yet (no input-position record seen), in order."""
+    cursor: Cursor
     applied: int = 0
     skipped: int = 0
-    """Records ignored because an owner with a higher epoch had already written."""
+    """Records ignored because a higher writer had already written."""
 
 
 def fold(
-    store: str,
-    records: Iterable[Positioned],
-    highest_epoch: int,
-    next_position: int,
-    pending: Iterable[Positioned] = (),
+    store: str, records: Iterable[Positioned], cursor: Cursor, next_position: int
 ) -> RestoreOutcome:
     """The state changes a run of `store`'s changelog records makes, in offset order.
 
-    A batch takes effect only as a whole: its data records are held until the input-position
-    record that closes it. An unclosed batch is dropped when a record of a higher epoch (a
-    new owner's marker) follows it: its writer died before committing, and a broker that shows
-    uncommitted records to read_committed readers (the librdkafka mock does) cannot make it
-    count. Records below the highest epoch seen are skipped.
+    1. A tombstone takes its record key out of the garbage set. It changes state only for a
+       reader of a compacted log that missed what superseded the record (a reclaimed delete,
+       or a record read before compaction removed its successors): a key whose entry is
+       still that record is forgotten, and a pending record it reclaims is dropped. On the
+       full log neither happens: a record is tombstoned only after its successor counts.
+    2. A record of a writer below W* (the highest writer seen) is skipped: an older owner
+       writing after a newer owner's marker.
+    3. A record of a writer above W* drops W*'s pending batch (never closed) and becomes W*.
+    4. W*'s batch takes effect only as a whole, when a closer of it or any record of a later
+       batch of W* arrives (a writer commits its batches in order and stops at its first
+       failed transaction, so a later batch proves the earlier one committed). Its records
+       then apply at once, with the closer's input position when the closer is there.
 
-    `highest_epoch` is the highest epoch seen before the run, `next_position` the changelog
-    offset after it, `pending` the unclosed records carried over from the previous run. The
-    outcome's changes include the highest epoch and the position to resume from: the offset
-    of the first still-unclosed record, or `next_position`.
+    `cursor` is where the previous run stopped, `next_position` the changelog offset after
+    this run. The outcome's changes hold the new W*, its closed batch and the position to
+    resume from (the first pending record's offset, or `next_position`); its cursor, the
+    pending batch for the next run.
     """
-    outcome = RestoreOutcome(StateChanges(), pending=list(pending))
+    pending = list(cursor.pending)
+    outcome = RestoreOutcome(StateChanges(), Cursor(cursor.writer, cursor.closed, pending))
     changes = outcome.changes
+    state = outcome.cursor
+
+    def close(closing: ChangelogRecord | None) -> None:
+        for _offset, held in pending:
+            if held.kind is RecordKind.DATA and held.value is not None:
+                changes.put(store, held.state_key(), held.key, held.value)
+            else:
+                changes.delete(store, held.state_key(), held.key)
+            if held.supersedes is not None:
+                changes.supersede(store, held.supersedes)
+        if pending:
+            state.closed = pending[0][1].batch or 0
+        pending.clear()
+        if closing is not None and closing.value is not None:
+            state.closed = closing.batch or 0
+            positions = json.loads(closing.value)["input"]
+            changes.input_positions.update({t: int(p) for t, p in positions.items()})
+            if closing.supersedes is not None:
+                changes.supersede(store, closing.supersedes)
+
     for offset, record in records:
-        if record.epoch < highest_epoch:
+        if record.kind is RecordKind.TOMBSTONE:
+            changes.reclaim(store, record.key, state_key_of(record.key))
+            pending[:] = [(o, held) for o, held in pending if held.key != record.key]
+            continue
+        if state.writer is not None and record.writer < state.writer:
             outcome.skipped += 1
             continue
-        if record.epoch > highest_epoch:
-            outcome.pending.clear()
-            highest_epoch = record.epoch
+        if state.writer is None or record.writer > state.writer:
+            pending.clear()
+            state.writer, state.closed = record.writer, -1
         outcome.applied += 1
-        if record.kind is RecordKind.DATA:
-            outcome.pending.append((offset, record))
-        elif record.kind is RecordKind.EPOCH:
-            outcome.pending.clear()
+        batch = record.batch
+        if batch is None or batch <= state.closed:
+            continue
+        if pending and (pending[0][1].batch or 0) < batch:
+            close(None)
+        if record.kind is RecordKind.CLOSE:
+            close(record)
         else:
-            for _offset, held in outcome.pending:
-                if held.value is None:
-                    changes.delete(store, held.key)
-                else:
-                    changes.put(store, held.key, held.value)
-            outcome.pending.clear()
-            if record.value is not None:
-                changes.input_positions.update(
-                    {topic: int(position) for topic, position in json.loads(record.value).items()}
-                )
-    changes.positions[store] = outcome.pending[0][0] if outcome.pending else next_position
-    changes.epochs[store] = highest_epoch
+            pending.append((offset, record))
+    position = pending[0][0] if pending else next_position
+    changes.positions[store] = position
+    changes.verified[store] = position
+    if state.writer is not None:
+        changes.writers[store] = state.writer
+        changes.closed_batches[store] = state.closed
     return outcome

@@ -13,7 +13,10 @@ Per task, the instance is in one of these states:
 - active: its input partitions are in the source's plan, each batch commits one transaction;
 - released: an active task missing from a newer assignment; after the batch in flight has
   committed, the instance closes the task's producer and reports `released` with its final
-  changelog offsets (kept reported until the next assignment).
+  changelog offsets, until the task is assigned to this instance again (a restarted instance
+  finds such tasks in its previous reports and reports them released again);
+- refused: assigned active below the epoch its changelog holds; reported until the next
+  assignment.
 See docs/runtime.md for the full protocol and the exactly-once argument.
 """
 
@@ -32,22 +35,36 @@ from smoothscale.kafka.assignments import Assignment, AssignmentFollower, descri
 from smoothscale.kafka.progress import (
     InputPositionCommitter,
     ProgressCommitter,
+    ProgressReader,
     ReportedRole,
     TaskReport,
 )
-from smoothscale.runtime.changelog import data_record, epoch_marker, input_position_record
+from smoothscale.runtime.changelog import (
+    ChangelogFormatError,
+    ChangelogRecord,
+    RecordKind,
+    closer,
+    data,
+    delete,
+    marker,
+    parse_record,
+    state_key_of,
+    tombstone,
+)
 from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.metrics import InstanceMetrics
 from smoothscale.runtime.pipeline import Pipeline
 from smoothscale.runtime.restore import (
+    ChangelogUnusableError,
     RestoreLoop,
     catch_up,
     end_offsets,
     restore_consumer,
 )
 from smoothscale.runtime.source import write_plan
-from smoothscale.runtime.store import StateChanges, TaskState
+from smoothscale.runtime.store import StateChanges, TaskState, task_directory
 from smoothscale.runtime.transactions import OutputRecord, TaskProducer
+from smoothscale.runtime.writer import Writer
 from smoothscale.tasks import TaskId, TaskRole
 
 log = logging.getLogger(__name__)
@@ -59,9 +76,11 @@ DeadLetterSender = Callable[[Producer, list[Any]], int]
 TICK_LOCK_SECONDS = 0.5
 """How long a tick waits for the micro-batch in flight before trying again later."""
 
+TOMBSTONES_PER_BATCH = 100
+"""Most garbage records a batch reclaims (bounds the cost a batch pays for space)."""
 
-class StaleAssignmentError(RuntimeError):
-    """An assignment gives this instance a task at an epoch older than its changelog shows."""
+GAP_READ_SECONDS = 5.0
+"""Longest a batch reads changelog records others wrote between its own, to verify them."""
 
 
 @dataclass
@@ -80,9 +99,23 @@ class BatchInput:
 
 @dataclass
 class _Active:
-    epoch: int
+    writer: Writer
     state: TaskState
     producer: TaskProducer
+    batch: int = 0
+    """The writer's last committed batch (0: none, or only the start position)."""
+    last_closer: bytes | None = None
+    """The key of the writer's last closer, which its next closer supersedes."""
+    unverified_from: int = 0
+    """The pipeline store's changelog offset from which no write is verified yet: nobody
+    above this writer wrote before it."""
+    unverified: list[tuple[int, list[bytes]]] = field(default_factory=list)
+    """Per committed batch not verified yet: the offset after its transaction, and the record
+    keys it superseded (garbage once the batch is verified)."""
+
+    @property
+    def epoch(self) -> int:
+        return self.writer.epoch
 
 
 @dataclass
@@ -122,6 +155,12 @@ class Instance:
         self._active: dict[TaskId, _Active] = {}
         self._activating: dict[TaskId, _Activation] = {}
         self._released: dict[TaskId, TaskReport] = {}
+        self._refused: dict[TaskId, TaskReport] = {}
+        """Tasks assigned active below the epoch their changelog holds: reported `refused`
+        until a new assignment arrives."""
+        self._fenced: dict[TaskId, TaskReport] = {}
+        """Tasks this instance found a higher writer for: reported `fenced` until a new
+        assignment arrives."""
         self._plan_starts: dict[tuple[str, int], int] = {}
         self._activations: dict[tuple[str, int], int] = {}
         """Per input partition, how often it was activated: the source restarts a partition
@@ -132,7 +171,11 @@ class Instance:
         self._restored_lock = threading.Lock()
         client = config.kafka_config
         self._follower = AssignmentFollower(
-            config.bootstrap_servers, config.app_id, config.instance_id, client
+            config.bootstrap_servers,
+            config.app_id,
+            config.instance_id,
+            client,
+            on_bad_record=metrics.count_bad_assignment_record,
         )
         self._reports = ProgressCommitter(
             config.bootstrap_servers,
@@ -154,7 +197,47 @@ class Instance:
         first = self._follower.poll(timeout=first_assignment_timeout)
         if first is not None:
             self._pending = first
+        self._finish_interrupted_releases(first or Assignment(generation=0))
         self.tick()
+
+    def _finish_interrupted_releases(self, assignment: Assignment) -> None:
+        """A previous run of this instance (a container restarted in place mid-hand-over) may
+        have held tasks active that `assignment` no longer gives it active, and died before
+        reporting them `released`: report them released now, so the hand-over can end."""
+        topics = self.config.changelog_topics()
+        metadata = self._offsets.list_topics(timeout=10).topics
+        tasks = max(
+            (len(metadata[t].partitions) for t in topics.values() if t in metadata), default=0
+        )
+        reader = ProgressReader(
+            self.config.bootstrap_servers, self.config.app_id, topics, self.config.kafka_config
+        )
+        try:
+            previous = reader.reports(self.config.instance_id, tasks)
+        finally:
+            reader.close()
+        for task, report in sorted(previous.items()):
+            held = assignment.tasks.get(task)
+            if held is not None and held.role is TaskRole.ACTIVE:
+                continue
+            if report.role not in (ReportedRole.ACTIVE, ReportedRole.RELEASED):
+                continue
+            positions = dict(report.positions)
+            if task_directory(self.config.state_dir, task).exists():
+                state = self._open_state(task)
+                positions = {
+                    store: max(p, positions.get(store, 0)) for store, p in state.positions().items()
+                }
+                state.close()
+            # At the generation of `assignment`: only a newer one can end the release.
+            self._released[task] = TaskReport(
+                task, ReportedRole.RELEASED, report.epoch, assignment.generation, positions
+            )
+        if self._released:
+            log.info("reporting tasks released by a previous run: %s", sorted(self._released))
+            self._best_effort(
+                "report the releases", self._reports.commit, list(self._released.values())
+            )
 
     def tick(self) -> None:
         """Called often by one thread (the worker's main thread): between micro-batches, apply
@@ -263,8 +346,18 @@ class Instance:
             changed[key] = new_state
             outputs.extend(emitted)
         positions = {**active.state.input_positions(), **batch.ends[task]}
-        records = [data_record(key, value, active.epoch) for key, value in changed.items()]
-        records.append(input_position_record(positions, active.epoch))
+        number = active.batch + 1
+        names = list(changed)
+        supersedes = active.state.record_keys(store, [key.encode() for key in names])
+        writer = active.writer
+        records: list[ChangelogRecord] = [
+            delete(writer, number, key, old)
+            if changed[key] is None
+            else data(writer, number, key, changed[key], old)
+            for key, old in zip(names, supersedes, strict=True)
+        ]
+        closing = closer(writer, number, positions, active.last_closer)
+        reclaim = self._tombstones(active, set(names))
         bad = batch.dead_letters.get(task, [])
         sender = self._send_dead_letters
 
@@ -272,15 +365,131 @@ class Instance:
             if bad and sender is not None:
                 sender(producer, bad)
 
-        delivered = active.producer.commit({store: records}, outputs, queue_dead_letters)
-        changes = StateChanges(positions=delivered, input_positions=dict(batch.ends[task]))
-        for record in records[:-1]:
-            if record.value is None:
-                changes.delete(store, record.key)
+        delivered = active.producer.commit(
+            {store: [*records, closing, *reclaim]}, outputs, queue_dead_letters
+        )
+        changes = StateChanges(
+            positions=delivered,
+            closed_batches={store: number},
+            input_positions=dict(batch.ends[task]),
+        )
+        for record in records:
+            if record.kind is RecordKind.DATA and record.value is not None:
+                changes.put(store, record.state_key(), record.key, record.value)
             else:
-                changes.put(store, record.key, record.value)
+                changes.delete(store, record.state_key(), record.key)
+        for record in reclaim:
+            changes.reclaim(store, record.key, state_key_of(record.key))
         active.state.apply(changes)
+        active.batch, active.last_closer = number, closing.key
+        superseded = [r.supersedes for r in [*records, closing] if r.supersedes is not None]
+        offsets = active.producer.delivered_offsets[store]
+        active.unverified.append((offsets[-1] + 1, superseded))
         self.metrics.count_processed(task, batch.counts.get(task, 0))
+        self._verify(task, active, offsets)
+
+    def _tombstones(self, active: _Active, changing: set[str]) -> list[ChangelogRecord]:
+        """Tombstones for up to TOMBSTONES_PER_BATCH verified garbage records of the pipeline
+        store, and for the delete records whose key has no older record left (a delete's
+        successor is absence: it can go once nothing older can reappear)."""
+        store, state, writer = self.pipeline.store, active.state, active.writer
+        garbage = state.garbage(store, TOMBSTONES_PER_BATCH)
+        chosen = set(garbage)
+        reclaim = [tombstone(writer, key) for key in garbage]
+        deletes: set[bytes] = set()
+        for key in garbage:
+            state_key = state_key_of(key)
+            if state_key is None or state_key in deletes or state_key.decode() in changing:
+                continue
+            [current] = state.record_keys(store, [state_key])
+            if current is None or state.get(store, state_key) is not None:
+                continue
+            older = state.garbage(store, len(chosen) + 1, b"d:" + state_key + b"@")
+            if set(older) <= chosen:
+                deletes.add(state_key)
+                reclaim.append(tombstone(writer, current))
+        return reclaim
+
+    def _verify(self, task: TaskId, active: _Active, offsets: list[int]) -> None:
+        """Verify the writer's batches: no record of a higher writer precedes them. The batch
+        just committed took `offsets` and its commit marker one more: if they follow on from
+        the last verified offset, nobody else wrote (verified for free); else read the gap.
+        A higher writer there fences this instance for the task."""
+        first, last = offsets[0], offsets[-1]
+        if first != active.unverified_from or last - first + 1 != len(offsets):
+            higher = self._higher_writer(task, active, last + 1)
+            if higher is None:
+                return
+            if higher > active.writer:
+                self._fence(task, higher)
+                return
+        active.unverified_from = last + 2
+        position = active.state.position(self.pipeline.store)
+        changes = StateChanges(verified={self.pipeline.store: min(position, last + 2)})
+        for _end, superseded in active.unverified:
+            for key in superseded:
+                changes.supersede(self.pipeline.store, key)
+        active.unverified.clear()
+        active.state.apply(changes)
+
+    def _higher_writer(self, task: TaskId, active: _Active, end: int) -> Writer | None:
+        """The highest writer of the records in [unverified_from, end) of the pipeline store's
+        changelog, or None when the range could not be read in time (verification waits for
+        a later batch)."""
+        topic = self.config.changelog_topics()[self.pipeline.store]
+        highest = self._highest_writer_in(topic, task, active.unverified_from, end)
+        return None if highest is None else max(highest, active.writer)
+
+    def _highest_writer_in(self, topic: str, task: TaskId, start: int, end: int) -> Writer | None:
+        """The highest writer of the records in [start, end) of partition `task` of `topic`
+        (Writer(-1, -1, -1) when there are none), or None when the range could not be read
+        within GAP_READ_SECONDS or holds a record smoothscale did not write."""
+        consumer = self._offsets
+        consumer.assign([TopicPartition(topic, task, start)])
+        highest = Writer(-1, -1, -1)
+        deadline = time.monotonic() + GAP_READ_SECONDS
+        try:
+            while time.monotonic() < deadline:
+                for message in consumer.consume(num_messages=500, timeout=0.1):
+                    offset = message.offset()
+                    if message.error() is not None or offset is None or offset >= end:
+                        continue
+                    try:
+                        record = parse_record(message.key(), message.value(), message.headers())
+                    except ChangelogFormatError:
+                        return None
+                    highest = max(highest, record.writer)
+                if consumer.position([TopicPartition(topic, task)])[0].offset >= end:
+                    return highest
+            return None
+        finally:
+            consumer.unassign()
+
+    def _fence(self, task: TaskId, higher: Writer) -> None:
+        """A higher writer wrote before this instance's records: it is a zombie for the task.
+        Stop processing it, drop its local store (stale), and report `fenced`."""
+        active = self._active.pop(task)
+        active.producer.close()
+        for topic in self.config.input_topics:
+            self._plan_starts.pop((topic, task), None)
+        self._write_plan()
+        positions = active.state.positions()
+        active.state.destroy()
+        error = (
+            f"task {task}: writer {active.writer} found the records of writer {higher} before "
+            f"its own in the changelog: another instance owns the task; stopped processing it"
+        )
+        log.error("%s", error)
+        self._fenced[task] = TaskReport(
+            task,
+            ReportedRole.FENCED,
+            active.epoch,
+            self.assignment.generation,
+            positions,
+            seen_epoch=higher.epoch,
+            error=error,
+        )
+        self.metrics.forget_task(task)
 
     # Assignments ---------------------------------------------------------------------------
 
@@ -291,7 +500,11 @@ class Instance:
         log.info("assignment generation %d: %s", assignment.generation, describe(assignment))
         wanted = assignment.tasks
         self.assignment = assignment
-        self._released = {}
+        for task in set(self._released) & set(wanted):
+            if self._released[task].generation < assignment.generation:
+                del self._released[task]
+        self._refused = {}
+        self._fenced = {}
         for task in sorted(self._active):
             held = wanted.get(task)
             if held is not None and held.role is TaskRole.ACTIVE:
@@ -331,7 +544,10 @@ class Instance:
 
     def _activate_caught_up(self) -> None:
         positions = self._restore.read_positions()
+        failures = self._restore.failures()
         for task, activation in sorted(self._activating.items()):
+            if task in failures:
+                continue
             reached = positions.get(task)
             targets = activation.targets or {}
             if reached is None or any(reached.get(s, 0) < o for s, o in targets.items()):
@@ -340,41 +556,98 @@ class Instance:
             if state is None:
                 continue
             del self._activating[task]
+            seen = max(state.epoch(store) for store in state.stores)
+            if seen > activation.epoch:
+                self._refuse(task, activation.epoch, seen, state.positions())
+                self._restore.follow(state)
+                continue
             try:
                 self._activate(task, activation.epoch, state)
-            except StaleAssignmentError as error:
-                log.error("%s", error)
+            except ChangelogUnusableError as error:
+                # The restore loop finds the same problem again and reports it on the task.
+                log.error("task %d not activated: %s", task, error)
                 self._restore.follow(state)
 
+    def _refuse(self, task: TaskId, epoch: int, seen: int, positions: dict[str, int]) -> None:
+        error = (
+            f"task {task}: assigned active at epoch {epoch}, but its changelog already holds "
+            f"epoch {seen}: refused; the operator must assign it above epoch {seen}"
+        )
+        log.error("%s", error)
+        self._refused[task] = TaskReport(
+            task,
+            ReportedRole.REFUSED,
+            epoch,
+            self.assignment.generation,
+            positions,
+            seen_epoch=seen,
+            error=error,
+        )
+        self._report()
+
     def _activate(self, task: TaskId, epoch: int, state: TaskState) -> None:
-        seen = max(state.epoch(store) for store in state.stores)
-        if seen > epoch:
-            raise StaleAssignmentError(
-                f"task {task}: assigned active at epoch {epoch}, but its changelog already "
-                f"holds epoch {seen}: ignoring a stale assignment"
-            )
+        writer = Writer.next_after(epoch, state.highest_writer())
         producer = TaskProducer(self.config, task, epoch)
-        marker = epoch_marker(epoch, self.config.instance_id)
-        through = producer.commit({store: [marker] for store in state.stores})
-        # Whatever an older owner committed before the marker is part of the state (every
-        # later restore applies it too); whatever it commits after the marker is ignored.
-        catch_up(self.config, state, through, self.config.activation_timeout, self._count_restored)
-        self._active[task] = _Active(epoch, state, producer)
+        try:
+            through = producer.commit(
+                {store: [marker(writer, self.config.instance_id)] for store in state.stores}
+            )
+            # Whatever an older owner committed before the marker is part of the state (every
+            # later restore applies it too); whatever it commits after the marker is ignored.
+            catch_up(
+                self.config, state, through, self.config.activation_timeout, self._count_restored
+            )
+        except ChangelogUnusableError:
+            producer.close()
+            raise
+        store = self.pipeline.store
+        unverified_from = through[store] + 1
+        known = state.input_positions()
+        missing = [topic for topic in self.config.input_topics if topic not in known]
+        last_closer = None
+        if missing:
+            # Only now, restored through the marker, is the state final: an older owner may
+            # have started the task (and moved its position) after the restore target. An
+            # input without a position starts at its earliest offset, and the owner says so in
+            # its changelog: a start position only ever comes from the owner's own write.
+            starts = {**known, **self._earliest_offsets(task, missing)}
+            start = closer(writer, 0, starts, None)
+            delivered = producer.commit({store: [start]})
+            changes = StateChanges(
+                positions=delivered, closed_batches={store: 0}, input_positions=starts
+            )
+            state.apply(changes)
+            last_closer = start.key
+        self._active[task] = _Active(
+            writer, state, producer, last_closer=last_closer, unverified_from=unverified_from
+        )
         for topic in self.config.input_topics:
-            self._plan_starts[(topic, task)] = self._start_position(state, topic)
+            self._plan_starts[(topic, task)] = state.input_positions()[topic]
             self._activations[(topic, task)] = self._activations.get((topic, task), 0) + 1
         self._write_plan()
-        log.info("task %d active at epoch %d from %s", task, epoch, state.input_positions())
+        log.info("task %d active as writer %s from %s", task, writer, state.input_positions())
 
     def _change_epoch(self, task: TaskId, epoch: int) -> None:
+        """A new writer at the new epoch: a new producer and marker, no pause. Its batches
+        count from 1 again, and its first closer supersedes nothing (a writer's last closer
+        stays, see docs/runtime.md)."""
         active = self._active[task]
         active.producer.close()
         active.producer = TaskProducer(self.config, task, epoch)
+        writer = Writer.next_after(epoch, active.writer)
         through = active.producer.commit(
-            {store: [epoch_marker(epoch, self.config.instance_id)] for store in active.state.stores}
+            {store: [marker(writer, self.config.instance_id)] for store in active.state.stores}
         )
-        active.state.apply(StateChanges(positions=through, epochs=dict.fromkeys(through, epoch)))
-        active.epoch = epoch
+        active.state.apply(
+            StateChanges(
+                positions=through,
+                writers=dict.fromkeys(through, writer),
+                closed_batches=dict.fromkeys(through, -1),
+            )
+        )
+        active.writer, active.batch, active.last_closer = writer, 0, None
+        # The previous writer's unverified garbage is left to the next restore, which finds it.
+        active.unverified_from, active.unverified = through[self.pipeline.store] + 1, []
 
     def _release(self, task: TaskId) -> TaskState:
         active = self._active.pop(task)
@@ -398,26 +671,47 @@ class Instance:
     # Helpers -------------------------------------------------------------------------------
 
     def _open_state(self, task: TaskId) -> TaskState:
-        return TaskState(self.config.state_dir, task, self.config.stores)
+        """The task's local store, wiped first when it is stale: it applied its own writes past
+        its verified offset, and a higher writer wrote there (this instance was a zombie)."""
+        state = TaskState(self.config.state_dir, task, self.config.stores)
+        for store in state.stores:
+            verified, position = state.verified(store), state.position(store)
+            if verified >= position:
+                continue
+            own = state.writer(store)
+            topic = self.config.changelog_topics()[store]
+            highest = self._highest_writer_in(topic, task, verified, position)
+            if highest is not None and (own is None or highest <= own):
+                state.apply(StateChanges(verified={store: position}))
+                continue
+            log.warning(
+                "task %d: the local store of %s is stale (writer %s above its own %s in "
+                "[%d, %d), or unreadable): restoring it from scratch",
+                task,
+                store,
+                highest,
+                own,
+                verified,
+                position,
+            )
+            self.metrics.count_stale_store()
+            state.destroy()
+            return TaskState(self.config.state_dir, task, self.config.stores)
+        return state
 
     def _input_position(self, state: TaskState, topic: str) -> int:
-        """The next input offset of an active task: from its state, or where it started."""
-        position = state.input_positions().get(topic)
-        return self._plan_starts[(topic, state.task)] if position is None else position
+        """The next input offset of an active task (its activation wrote one for every input)."""
+        return state.input_positions()[topic]
 
-    def _start_position(self, state: TaskState, topic: str) -> int:
-        """Where a task being activated starts reading `topic`: the input position in its
-        state; with none yet, the app group's committed offset; else the earliest offset."""
-        position = state.input_positions().get(topic)
-        if position is not None:
-            return position
-        committed = self._inputs.committed([topic], state.task).get(topic)
-        if committed is not None:
-            return committed
-        low, _high = self._offsets.get_watermark_offsets(
-            TopicPartition(topic, state.task), timeout=10
-        )
-        return max(0, low)
+    def _earliest_offsets(self, task: TaskId, topics: list[str]) -> dict[str, int]:
+        """Per topic, the earliest offset of the task's partition."""
+        offsets: dict[str, int] = {}
+        for topic in topics:
+            low, _high = self._offsets.get_watermark_offsets(
+                TopicPartition(topic, task), timeout=10
+            )
+            offsets[topic] = max(0, low)
+        return offsets
 
     def _write_plan(self) -> None:
         self._plan_version += 1
@@ -436,7 +730,11 @@ class Instance:
         elapsed = max(1e-3, now - self._last_report)
         self._last_report = now
         generation = self.assignment.generation
-        reports: list[TaskReport] = list(self._released.values())
+        reports: list[TaskReport] = [
+            *self._released.values(),
+            *self._refused.values(),
+            *self._fenced.values(),
+        ]
         inputs = self.config.input_topics
         for task, active in self._active.items():
             reports.append(
@@ -453,13 +751,24 @@ class Instance:
         lags = self._restore.lags()
         with self._restored_lock:
             restored, self._restored_since = self._restored_since, {}
-        for task, positions in self._restore.positions().items():
-            if task in self._released or task not in wanted:
+        failures = self._restore.failures()
+        for task, (positions, ends) in self._restore.positions_and_ends().items():
+            if task in self._released or task in self._refused or task not in wanted:
                 continue
             held = wanted[task]
             role = TaskRole.WARMUP if held.role is TaskRole.ACTIVE else held.role
+            reported = ReportedRole(role.value)
+            error = failures.get(task)
             reports.append(
-                TaskReport(task, ReportedRole(role.value), held.epoch, generation, positions)
+                TaskReport(
+                    task,
+                    reported,
+                    held.epoch,
+                    generation,
+                    positions,
+                    ends=ends or None,
+                    error=error,
+                )
             )
             self.metrics.set_lag(task, role, lags.get(task, 0))
             self.metrics.set_restore_rate(task, restored.get(task, 0) / elapsed)

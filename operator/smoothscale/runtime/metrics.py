@@ -60,6 +60,19 @@ class InstanceMetrics:
             namespace=NAMESPACE,
             registry=self.registry,
         )
+        self.bad_assignment_records = Counter(
+            "bad_assignment_records",
+            "Records of the assignments topic for this instance that did not decode (skipped).",
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
+        self.stale_stores = Counter(
+            "stale_stores",
+            "Local task stores found stale on reopening (a higher writer wrote past their "
+            "verified offset) and restored from scratch.",
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
         self.restore_rate = Gauge(
             "restore_rate_records_per_second",
             "Recent rate at which the restore loop applies changelog records, per task.",
@@ -108,6 +121,12 @@ class InstanceMetrics:
 
     def count_restored(self, task: TaskId, records: int) -> None:
         self.restore_records.labels(task=str(task)).inc(records)
+
+    def count_stale_store(self) -> None:
+        self.stale_stores.inc()
+
+    def count_bad_assignment_record(self) -> None:
+        self.bad_assignment_records.inc()
 
     def set_restore_rate(self, task: TaskId, records_per_second: float) -> None:
         self.restore_rate.labels(task=str(task)).set(records_per_second)

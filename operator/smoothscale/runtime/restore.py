@@ -18,7 +18,13 @@ from collections.abc import Callable, Mapping
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from smoothscale.kafka import names
-from smoothscale.runtime.changelog import ChangelogFormatError, Positioned, fold, parse_record
+from smoothscale.runtime.changelog import (
+    ChangelogFormatError,
+    Cursor,
+    Positioned,
+    fold,
+    parse_record,
+)
 from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.store import TaskState
 from smoothscale.tasks import TaskId
@@ -45,6 +51,27 @@ def restore_consumer(config: WorkerConfig) -> Consumer:
     )
 
 
+class ChangelogUnusableError(RuntimeError):
+    """A task's changelog cannot give its exact state (a foreign record, records deleted by
+    retention). It fails that task only: the instance reports the error and goes on."""
+
+
+def foreign_record_error(task: TaskId, where: str, error: ChangelogFormatError) -> str:
+    return (
+        f"task {task}: {where}: {error}. A changelog belongs to one smoothscale app: make sure "
+        "nothing else writes to it, then restart the instance"
+    )
+
+
+def retention_error(task: TaskId, topic: str, log_start: int, needed: int) -> str:
+    return (
+        f"task {task}: changelog {topic}[{task}] starts at offset {log_start}, but the state "
+        f"needs it from offset {needed}: retention deleted changelog records, so the state "
+        "cannot be restored exactly. Set cleanup.policy=compact (without delete) on the "
+        "changelog topics; the lost state can only be rebuilt by reprocessing the input"
+    )
+
+
 class _Applier:
     """Applies consumed changelog messages to the task states they belong to.
 
@@ -57,6 +84,8 @@ class _Applier:
         self._topic_of = dict(changelog_topics)
         self._pending: dict[tuple[TaskId, str], list[Positioned]] = {}
         self._read_to: dict[tuple[TaskId, str], int] = {}
+        self.failures: dict[TaskId, str] = {}
+        """Tasks whose changelog is unusable, with the error; their records are not applied."""
 
     def partitions(self, state: TaskState) -> list[TopicPartition]:
         return [
@@ -64,7 +93,24 @@ class _Applier:
             for store in state.stores
         ]
 
+    def check_retention(self, consumer: Consumer, state: TaskState, timeout: float) -> None:
+        """Fail `state`'s task if retention deleted changelog records it still needs."""
+        for store in state.stores:
+            topic = self._topic_of[store]
+            log_start, _end = consumer.get_watermark_offsets(
+                TopicPartition(topic, state.task), timeout=timeout
+            )
+            if log_start > state.position(store):
+                error = retention_error(state.task, topic, log_start, state.position(store))
+                log.error("%s", error)
+                self.failures[state.task] = error
+                return
+
+    def topic_of(self, store: str) -> str:
+        return self._topic_of[store]
+
     def forget(self, task: TaskId) -> None:
+        self.failures.pop(task, None)
         for key in [key for key in self._read_to if key[0] == task]:
             del self._read_to[key]
             self._pending.pop(key, None)
@@ -90,6 +136,8 @@ class _Applier:
             topic, partition = message.topic(), message.partition()
             if topic is None or partition is None or partition not in states:
                 continue
+            if partition in self.failures:
+                continue
             runs.setdefault((topic, partition), []).append(message)
         counts: dict[TaskId, int] = {}
         for (topic, partition), run in runs.items():
@@ -99,10 +147,13 @@ class _Applier:
                 try:
                     record = parse_record(message.key(), message.value(), message.headers())
                 except ChangelogFormatError as error:
-                    raise ChangelogFormatError(
-                        f"{topic}[{partition}] at offset {offset}: {error}"
-                    ) from error
+                    where = f"{topic}[{partition}] at offset {offset}"
+                    self.failures[partition] = foreign_record_error(partition, where, error)
+                    log.error("%s", self.failures[partition])
+                    break
                 records.append((offset, record))
+            if partition in self.failures:
+                continue
             self._fold(consumer, states[partition], self._store_of[topic], records)
             counts[partition] = counts.get(partition, 0) + len(records)
         return counts
@@ -110,6 +161,8 @@ class _Applier:
     def advance_idle(self, consumer: Consumer, states: Mapping[TaskId, TaskState]) -> None:
         """Move positions past trailing commit markers that deliver no message."""
         for state in states.values():
+            if state.task in self.failures:
+                continue
             for store in state.stores:
                 self._fold(consumer, state, store, [])
 
@@ -123,9 +176,10 @@ class _Applier:
             position = max(position, records[-1][0] + 1)
         if not records and position <= self._read_to.get(key, state.position(store)):
             return
-        outcome = fold(store, records, state.epoch(store), position, self._pending.get(key, []))
+        cursor = Cursor(state.writer(store), state.closed_batch(store), self._pending.get(key, []))
+        outcome = fold(store, records, cursor, position)
         state.apply(outcome.changes)
-        self._pending[key] = outcome.pending
+        self._pending[key] = outcome.cursor.pending
         self._read_to[key] = position
 
 
@@ -155,7 +209,8 @@ def catch_up(
     (The stored position can stay behind a target while a batch there is not closed: an
     activating owner's epoch marker then drops that batch.) With no targets (no previous
     owner acknowledged a release: first start or failover), the targets are the changelog
-    ends as of now. Returns the stored positions reached.
+    ends as of now. Returns the stored positions reached. Raises ChangelogUnusableError when
+    the changelog cannot give the exact state.
     """
     changelog_topics = config.changelog_topics()
     applier = _Applier(changelog_topics)
@@ -168,6 +223,9 @@ def catch_up(
             read_to = applier.read_to(state)
             return any(read_to[store] < offset for store, offset in targets.items())
 
+        applier.check_retention(consumer, state, timeout)
+        if state.task in applier.failures:
+            raise ChangelogUnusableError(applier.failures[state.task])
         if not behind():
             return state.positions()
         consumer.assign(applier.partitions(state))
@@ -181,6 +239,8 @@ def catch_up(
                 )
             messages = consumer.consume(num_messages=_BATCH, timeout=0.2)
             counts = applier.apply(consumer, messages, {state.task: state})
+            if state.task in applier.failures:
+                raise ChangelogUnusableError(applier.failures[state.task])
             applier.advance_idle(consumer, {state.task: state})
             if on_restored is not None and counts:
                 on_restored(state.task, counts.get(state.task, 0))
@@ -211,6 +271,7 @@ class RestoreLoop:
             if state.task in self._states:
                 raise ValueError(f"task {state.task} is already being restored")
             self._states[state.task] = state
+            self._applier.check_retention(self._consumer, state, timeout=10)
             self._consumer.incremental_assign(self._applier.partitions(state))
 
     def unfollow(self, task: TaskId) -> TaskState | None:
@@ -224,6 +285,11 @@ class RestoreLoop:
                 )
             return state
 
+    def failures(self) -> dict[TaskId, str]:
+        """Followed tasks whose changelog is unusable, with the error (they are not restored)."""
+        with self._lock:
+            return dict(self._applier.failures)
+
     def tasks(self) -> set[TaskId]:
         with self._lock:
             return set(self._states)
@@ -232,6 +298,22 @@ class RestoreLoop:
         """Per followed task, the restore position of each store."""
         with self._lock:
             return {task: state.positions() for task, state in self._states.items()}
+
+    def positions_and_ends(self) -> dict[TaskId, tuple[dict[str, int], dict[str, int]]]:
+        """Per followed task, the restore position of each store and the changelog end the
+        consumer last saw (cached from fetch responses, no request), taken together: ends -
+        positions is one consistent view of the lag. An unknown end is left out."""
+        with self._lock:
+            found: dict[TaskId, tuple[dict[str, int], dict[str, int]]] = {}
+            for task, state in self._states.items():
+                ends: dict[str, int] = {}
+                for store in state.stores:
+                    partition = TopicPartition(self._applier.topic_of(store), task)
+                    _low, high = self._consumer.get_watermark_offsets(partition, cached=True)
+                    if high >= 0:
+                        ends[store] = high
+                found[task] = (state.positions(), ends)
+            return found
 
     def read_positions(self) -> dict[TaskId, dict[str, int]]:
         """Per followed task, how far the changelog has been read, per store (ahead of the

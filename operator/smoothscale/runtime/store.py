@@ -1,52 +1,95 @@
 """Per-task state on local disk: one RocksDB database per task (via rocksdict).
 
-A task's database has one column family per state store, holding the store's keys and values
-(the bytes of the changelog record values), and a `smoothscale` column family for what the
-runtime keeps beside them: per store the next changelog offset applied (the restore position)
-and the highest ownership epoch seen, and the task's input positions (the next input offset per
-input topic). Every change goes through `TaskState.apply` as one RocksDB write batch, so a
-crash never leaves a key applied without the position that says so (docs/runtime.md;
-docs/decisions/state-store.md says why RocksDB).
+A task's database has, per state store, one column family with the live keys and their values
+(the bytes of the changelog record values) and one (`<store>.records`) with, per state key,
+the changelog record key that holds its current value, or its delete, which is kept (reading
+as absent) until that delete record itself is reclaimed. A `smoothscale` column family keeps
+what the runtime needs beside them: per store the next changelog offset applied (the restore
+position), the highest writer seen and the batch it last closed, the garbage set (record keys
+superseded and not yet reclaimed by a tombstone), and the task's input positions (the next
+input offset per input topic). Every change goes through `TaskState.apply` as one RocksDB
+write batch, so a crash never leaves a key applied without the position that says so
+(docs/runtime.md; docs/decisions/state-store.md says why RocksDB).
 """
 
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rocksdict import Options, Rdict, WriteBatch
 
+from smoothscale.runtime.writer import Writer
 from smoothscale.tasks import TaskId
 
 _META = "smoothscale"
+_RECORDS = ".records"
 _POSITION = "position/"
-_EPOCH = "epoch/"
+_WRITER = "writer/"
+_CLOSED = "closed/"
+_VERIFIED = "verified/"
+_GARBAGE = "garbage/"
 _INPUT = "input/"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A state key's current changelog record: its key, and the value (None: deleted)."""
+
+    record_key: bytes
+    value: bytes | None
 
 
 @dataclass
 class StateChanges:
     """Changes to apply to a task's state at once."""
 
-    puts: dict[str, dict[bytes, bytes]] = field(default_factory=dict)
-    """Per store, key -> new value."""
-    deletes: dict[str, set[bytes]] = field(default_factory=dict)
-    """Per store, keys to delete."""
+    entries: dict[str, dict[bytes, Entry | None]] = field(default_factory=dict)
+    """Per store, state key -> its new entry, or None to forget the key entirely."""
+    reclaimed: dict[str, dict[bytes, set[bytes]]] = field(default_factory=dict)
+    """Per store, state key -> record keys reclaimed: forget the key if its stored entry is
+    still one of those records."""
+    garbage: dict[str, set[bytes]] = field(default_factory=dict)
+    """Per store, record keys superseded, to reclaim."""
+    collected: dict[str, set[bytes]] = field(default_factory=dict)
+    """Per store, record keys reclaimed (tombstoned): out of the garbage set."""
     positions: dict[str, int] = field(default_factory=dict)
     """Per store, the next changelog offset now applied."""
-    epochs: dict[str, int] = field(default_factory=dict)
-    """Per store, the highest epoch now seen on its changelog partition."""
+    verified: dict[str, int] = field(default_factory=dict)
+    """Per store, the changelog offset up to which no higher writer has written."""
+    writers: dict[str, Writer] = field(default_factory=dict)
+    """Per store, the highest writer now seen on its changelog partition."""
+    closed_batches: dict[str, int] = field(default_factory=dict)
+    """Per store, the batch the highest writer last closed."""
     input_positions: dict[str, int] = field(default_factory=dict)
     """Per input topic, the next input offset to process."""
 
-    def put(self, store: str, key: bytes, value: bytes) -> None:
-        self.deletes.get(store, set()).discard(key)
-        self.puts.setdefault(store, {})[key] = value
+    def put(self, store: str, key: bytes, record_key: bytes, value: bytes) -> None:
+        self.entries.setdefault(store, {})[key] = Entry(record_key, value)
 
-    def delete(self, store: str, key: bytes) -> None:
-        self.puts.get(store, {}).pop(key, None)
-        self.deletes.setdefault(store, set()).add(key)
+    def delete(self, store: str, key: bytes, record_key: bytes) -> None:
+        self.entries.setdefault(store, {})[key] = Entry(record_key, None)
+
+    def supersede(self, store: str, record_key: bytes) -> None:
+        self.collected.get(store, set()).discard(record_key)
+        self.garbage.setdefault(store, set()).add(record_key)
+
+    def reclaim(self, store: str, record_key: bytes, state_key: bytes | None) -> None:
+        """`record_key` (of `state_key`, for a data or delete record) was tombstoned: out of
+        the garbage set, and a key whose entry is still that record is forgotten (a reader of
+        a compacted log can miss the records that superseded it: reclaimed deletes)."""
+        self.garbage.get(store, set()).discard(record_key)
+        self.collected.setdefault(store, set()).add(record_key)
+        if state_key is None:
+            return
+        entries = self.entries.setdefault(store, {})
+        if state_key in entries:
+            entry = entries[state_key]
+            if entry is not None and entry.record_key == record_key:
+                entries[state_key] = None
+        else:
+            self.reclaimed.setdefault(store, {}).setdefault(state_key, set()).add(record_key)
 
 
 def _options() -> Options:
@@ -69,11 +112,16 @@ class TaskState:
     def __init__(self, state_dir: Path, task: TaskId, stores: Iterable[str]) -> None:
         self.task = task
         self.stores = tuple(stores)
-        if _META in self.stores:
-            raise ValueError(f"a state store cannot be named {_META!r}: the runtime uses it")
+        for store in self.stores:
+            if store == _META or store.endswith(_RECORDS):
+                raise ValueError(
+                    f"a state store cannot be named {store!r}: the runtime uses {_META!r} and "
+                    f"names ending in {_RECORDS!r}"
+                )
         self.path = task_directory(state_dir, task)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        families = {name: _options() for name in (*self.stores, _META)}
+        names = (*self.stores, *(store + _RECORDS for store in self.stores), _META)
+        families = {name: _options() for name in names}
         self._db = Rdict(str(self.path), _options(), column_families=families)
         self._families = {name: self._db.get_column_family(name) for name in families}
         self._handles = {name: self._db.get_column_family_handle(name) for name in families}
@@ -83,10 +131,18 @@ class TaskState:
         return value if isinstance(value, bytes) else None
 
     def get_many(self, store: str, keys: list[bytes]) -> list[bytes | None]:
+        return self._lookup(store, keys)
+
+    def record_keys(self, store: str, keys: list[bytes]) -> list[bytes | None]:
+        """Per state key, the changelog record key of its current value or delete (None:
+        the key has no record)."""
+        return self._lookup(store + _RECORDS, keys)
+
+    def _lookup(self, family: str, keys: list[bytes]) -> list[bytes | None]:
         if not keys:
             return []
         lookup: list[str | int | float | bytes | bool] = list(keys)
-        values = self._families[store].get(lookup)
+        values = self._families[family].get(lookup)
         return [value if isinstance(value, bytes) else None for value in values or []]
 
     def items(self, store: str) -> Iterator[tuple[bytes, bytes]]:
@@ -94,9 +150,13 @@ class TaskState:
             if isinstance(key, bytes) and isinstance(value, bytes):
                 yield key, value
 
-    def _meta_int(self, key: str, default: int) -> int:
+    def _meta(self, key: str) -> bytes | None:
         value = self._families[_META].get(key.encode())
-        return int(value) if isinstance(value, bytes) else default
+        return value if isinstance(value, bytes) else None
+
+    def _meta_int(self, key: str, default: int) -> int:
+        value = self._meta(key)
+        return default if value is None else int(value)
 
     def position(self, store: str) -> int:
         """The next changelog offset of `store` not yet applied (0: nothing applied)."""
@@ -105,33 +165,90 @@ class TaskState:
     def positions(self) -> dict[str, int]:
         return {store: self.position(store) for store in self.stores}
 
+    def verified(self, store: str) -> int:
+        """The changelog offset up to which the state is known to hold no record of a writer
+        above the store's own (what restore applied is verified by construction)."""
+        return self._meta_int(_VERIFIED + store, 0)
+
+    def writer(self, store: str) -> Writer | None:
+        """The highest writer seen on `store`'s changelog partition (None: none yet)."""
+        value = self._meta(_WRITER + store)
+        return None if value is None else Writer.parse(value.decode())
+
+    def highest_writer(self) -> Writer | None:
+        writers = [writer for store in self.stores if (writer := self.writer(store))]
+        return max(writers, default=None)
+
     def epoch(self, store: str) -> int:
-        """The highest ownership epoch seen on `store`'s changelog partition (-1: none)."""
-        return self._meta_int(_EPOCH + store, -1)
+        """The epoch of the highest writer seen on `store`'s changelog partition (-1: none)."""
+        writer = self.writer(store)
+        return -1 if writer is None else writer.epoch
+
+    def closed_batch(self, store: str) -> int:
+        """The batch the highest writer last closed on `store`'s changelog (-1: none)."""
+        return self._meta_int(_CLOSED + store, -1)
+
+    def garbage(self, store: str, limit: int, key_prefix: bytes = b"") -> list[bytes]:
+        """Up to `limit` superseded record keys of `store`'s changelog still to reclaim (only
+        those starting with `key_prefix`). Each one's successor is known to count."""
+        base = (_GARBAGE + store + "/").encode()
+        prefix = base + key_prefix
+        found: list[bytes] = []
+        for key in self._families[_META].keys(from_key=prefix):
+            if not isinstance(key, bytes) or not key.startswith(prefix) or len(found) >= limit:
+                break
+            found.append(key[len(base) :])
+        return found
 
     def input_positions(self) -> dict[str, int]:
         """Per input topic, the next offset to process, as of the state applied."""
         prefix = _INPUT.encode()
         positions: dict[str, int] = {}
-        for key, value in self._families[_META].items():
-            if isinstance(key, bytes) and isinstance(value, bytes) and key.startswith(prefix):
+        for key, value in self._families[_META].items(from_key=prefix):
+            if not isinstance(key, bytes) or not key.startswith(prefix):
+                break
+            if isinstance(value, bytes):
                 positions[key[len(prefix) :].decode()] = int(value)
         return positions
 
     def apply(self, changes: StateChanges) -> None:
         """Apply `changes` atomically (one RocksDB write batch)."""
         batch = WriteBatch(raw_mode=True)
-        for store, puts in changes.puts.items():
-            for key, value in puts.items():
-                batch.put(key, value, self._handles[store])
-        for store, keys in changes.deletes.items():
-            for key in keys:
-                batch.delete(key, self._handles[store])
         meta = self._handles[_META]
-        for store, position in changes.positions.items():
-            batch.put((_POSITION + store).encode(), str(position).encode(), meta)
-        for store, epoch in changes.epochs.items():
-            batch.put((_EPOCH + store).encode(), str(epoch).encode(), meta)
+        for store, reclaimed in changes.reclaimed.items():
+            keys = list(reclaimed)
+            for key, current in zip(keys, self.record_keys(store, keys), strict=True):
+                if current in reclaimed[key]:
+                    batch.delete(key, self._handles[store])
+                    batch.delete(key, self._handles[store + _RECORDS])
+        for store, entries in changes.entries.items():
+            values, records = self._handles[store], self._handles[store + _RECORDS]
+            for key, entry in entries.items():
+                if entry is None:
+                    batch.delete(key, values)
+                    batch.delete(key, records)
+                    continue
+                batch.put(key, entry.record_key, records)
+                if entry.value is None:
+                    batch.delete(key, values)
+                else:
+                    batch.put(key, entry.value, values)
+        for store, record_keys in changes.garbage.items():
+            for record_key in record_keys:
+                batch.put((_GARBAGE + store + "/").encode() + record_key, b"", meta)
+        for store, record_keys in changes.collected.items():
+            for record_key in record_keys:
+                batch.delete((_GARBAGE + store + "/").encode() + record_key, meta)
+        numbers = {
+            _POSITION: changes.positions,
+            _VERIFIED: changes.verified,
+            _CLOSED: changes.closed_batches,
+        }
+        for prefix, values_by_store in numbers.items():
+            for store, number in values_by_store.items():
+                batch.put((prefix + store).encode(), str(number).encode(), meta)
+        for store, writer in changes.writers.items():
+            batch.put((_WRITER + store).encode(), str(writer).encode(), meta)
         for topic, offset in changes.input_positions.items():
             batch.put((_INPUT + topic).encode(), str(offset).encode(), meta)
         self._db.write(batch)
@@ -147,7 +264,7 @@ class TaskState:
         self._handles.clear()
         self._db.close()
 
-
-def positions_reached(state: TaskState, targets: Mapping[str, int]) -> bool:
-    """Whether `state` has applied every store's changelog up to its target offset."""
-    return all(state.position(store) >= offset for store, offset in targets.items())
+    def destroy(self) -> None:
+        """Close the state and delete it from disk (a stale store to restore from scratch)."""
+        self.close()
+        Rdict.destroy(str(self.path), _options())

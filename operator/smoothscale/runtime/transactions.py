@@ -42,6 +42,9 @@ class TaskProducer:
         self._timeout = timeout
         self._changelog_topics = config.changelog_topics()
         self._output_topic = config.output_topic
+        self.delivered_offsets: dict[str, list[int]] = {}
+        """Per store, the changelog offsets of the last committed transaction's records, in
+        order (to verify that nobody else wrote between them, see `instance`)."""
         self._producer = Producer(
             {
                 **config.client_config(),
@@ -73,6 +76,7 @@ class TaskProducer:
         record. On failure, aborts when it can and raises TransactionError.
         """
         delivered: dict[str, int] = {}
+        offsets: dict[str, list[int]] = {}
         failures: list[KafkaError] = []
         store_of = {topic: store for store, topic in self._changelog_topics.items()}
 
@@ -84,6 +88,7 @@ class TaskProducer:
             if topic in store_of and offset is not None:
                 store = store_of[topic]
                 delivered[store] = max(delivered.get(store, 0), offset + 1)
+                offsets.setdefault(store, []).append(offset)
 
         epoch_header: Headers = [(EPOCH_HEADER, str(self.epoch).encode())]
         try:
@@ -120,6 +125,7 @@ class TaskProducer:
             if isinstance(error, TransactionError):
                 raise
             raise TransactionError(f"task {self.task}: the transaction failed: {error}") from error
+        self.delivered_offsets = {store: sorted(found) for store, found in offsets.items()}
         return delivered
 
     def _produce(
