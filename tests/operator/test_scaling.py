@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from smoothscale.demo.scenario import APP_NAME, NAMESPACE, DemoOptions, Session, session
+from smoothscale.demo.scenario import (
+    APP_ID,
+    APP_NAME,
+    NAMESPACE,
+    STORE,
+    DemoOptions,
+    Session,
+    session,
+)
+from smoothscale.kafka import names
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.cluster]
@@ -120,4 +129,48 @@ def test_a_drain_that_times_out_moves_the_tasks_anyway_with_a_warning(tmp_path: 
         watcher.run_until(lambda: pods(running) == [f"{APP_NAME}-0"], "the drained pod gone")
         story = out.getvalue()
         assert "warning DrainTimeout" in story, story
+        assert running.finish(), out.getvalue()
+
+
+def test_a_fresh_pod_warms_up_from_a_compacted_changelog_and_takes_over_exactly(
+    tmp_path: Path,
+) -> None:
+    """Issue 9: hand tasks over several times, let Kafka's cleaner compact the changelog (the
+    Kafka front rewrites it the way the cleaner does, offsets kept), then a fresh pod restores
+    from the compacted log, takes tasks over, and the final state is exact."""
+    out = io.StringIO()
+    with session(options(tmp_path), out) as running:
+        watcher = running.watcher
+        start_steady(running)
+        for replicas in (2, 1, 2, 1):  # every task changes owner (and epoch) several times
+            running.scale(replicas)
+            watcher.run_until(lambda r=replicas: watcher.settled(r), f"{replicas} instances")
+            gone = [f"{APP_NAME}-{n}" for n in range(replicas)]
+            watcher.run_until(lambda g=gone: pods(running) == g, "the drained pod gone")
+        changelog = names.changelog_topic(APP_ID, STORE)
+        running.kafka.compact(changelog)
+        running.say(f"compacted {changelog} as Kafka's log cleaner would")
+        running.scale(2)  # counts-1 is a new pod: its empty disk restores from the compacted log
+        watcher.run_until(lambda: watcher.settled(2), "the fresh pod taking tasks over")
+        story = out.getvalue()
+        assert story.count("HandedOver") >= 8, story
+        assert running.finish(), out.getvalue()
+
+
+def test_under_a_sustained_load_a_small_acceptable_lag_still_lets_tasks_move(
+    tmp_path: Path,
+) -> None:
+    """Issue 9.5: the owner writes its changelog as fast as it processes; a warm-up that keeps
+    pace reports its lag against the end it saw with its position, so with
+    acceptableRecoveryLag 1000 it is caught up and the tasks move."""
+    busy = options(tmp_path, acceptable_recovery_lag=1_000, rate=3_000, keys=30_000)
+    out = io.StringIO()
+    with session(busy, out) as running:
+        watcher = running.watcher
+        start_steady(running)
+        watcher.hold()
+        running.scale(2)
+        watcher.run_until(lambda: watcher.settled(2), "the scale-out")
+        story = out.getvalue()
+        assert story.count("HandedOver") >= 2, story
         assert running.finish(), out.getvalue()

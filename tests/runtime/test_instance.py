@@ -59,7 +59,7 @@ def test_hand_over_between_two_instances_keeps_the_state_exact(
     produced = users_batch(300)
     produce_users(config, produced[:200])
     with running(for_instance(config, "pod-a")) as a, running(for_instance(config, "pod-b")) as b:
-        assert a.active_tasks() == {0: 1, 1: 1}
+        wait_for(lambda: ticked(a).active_tasks() == {0: 1, 1: 1}, 10, "the activation")
         while feed(a):
             pass
 
@@ -186,7 +186,7 @@ def test_an_assignment_older_than_the_changelog_epoch_is_refused_and_reported(
     reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
     operator.write("pod-a", Assignment(generation=1, tasks={0: active(5)}))
     with running(for_instance(config, "pod-a")) as a:
-        assert a.active_tasks() == {0: 5}
+        wait_for(lambda: ticked(a).active_tasks() == {0: 5}, 10, "the activation")
     # A stale operator hands the task to pod-b at an epoch below the one in the changelog.
     operator.write("pod-b", Assignment(generation=2, tasks={0: active(4)}))
     with running(for_instance(config, "pod-b")) as b:

@@ -20,7 +20,7 @@ from smoothscale.runtime.spark import local_session
 from smoothscale.runtime.worker import MicroBatch, dead_letter_sender
 from smoothscale.tasks import TaskRole
 from tests.runtime.instance_helpers import PARTITIONS, app_config, for_instance
-from tests.runtime.kafka_helpers import read_committed
+from tests.runtime.kafka_helpers import read_committed, wait_for
 
 pytestmark = pytest.mark.spark
 
@@ -67,7 +67,12 @@ def test_a_batch_applies_window_updates_once_and_sends_its_dead_letters_in_its_t
     )
     instance.start(first_assignment_timeout=5)
     try:
-        assert instance.active_tasks() == {0: 1}
+
+        def activated() -> bool:
+            instance.tick()
+            return instance.active_tasks() == {0: 1}
+
+        wait_for(activated, 10, "the activation")
         topic = config.input_topics[0]
         rows = [
             record(topic, 0, 0, "alice", 5, 10 * MINUTE + 1),

@@ -35,6 +35,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
+from smoothscale.devcluster.kafka import KafkaControl
 from smoothscale.devcluster.stack import LocalStack, StackInfo
 from smoothscale.kafka import names
 from smoothscale.kafka.progress import InputPositionCommitter, ProgressReader, ReportedRole
@@ -459,6 +460,8 @@ class Session:
     watcher: Watcher
     feed: InputFeed
     say: Callable[[str], None]
+    kafka: KafkaControl
+    """The embedded Kafka's controls (faults, compaction)."""
 
     def apply(self, replicas: int = 1) -> None:
         """Create the namespace and apply the app with `replicas` (kubectl apply)."""
@@ -534,7 +537,8 @@ def session(options: DemoOptions, out: TextIO) -> Iterator[Session]:
         kubectl = Kubectl(kubectl_path, cluster.kubeconfig, say)
         operator = Operator(cluster.kubeconfig, options.workdir / "operator.log")
         watcher = Watcher(kubectl, operator, bootstrap, options, say)
-        running = Session(options, bootstrap, kubectl, operator, watcher, feed, say)
+        control = KafkaControl(cluster.kafka_control)
+        running = Session(options, bootstrap, kubectl, operator, watcher, feed, say, control)
         try:
             yield running
         finally:

@@ -84,9 +84,6 @@ class WorkerConfig(BaseModel):
     report_interval: float = Field(
         default=1.0, gt=0, description="Seconds between progress reports of restoring tasks."
     )
-    activation_timeout: float = Field(
-        default=120.0, gt=0, description="Longest wait to restore a task before activating it."
-    )
     shutdown_timeout: float = Field(
         default=25.0,
         gt=0,

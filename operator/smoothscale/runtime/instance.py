@@ -55,9 +55,7 @@ from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.metrics import InstanceMetrics
 from smoothscale.runtime.pipeline import Pipeline
 from smoothscale.runtime.restore import (
-    ChangelogUnusableError,
     RestoreLoop,
-    catch_up,
     end_offsets,
     restore_consumer,
 )
@@ -119,9 +117,28 @@ class _Active:
 
 
 @dataclass
+class _Marked:
+    """An activation whose epoch marker is written: the task turns active once the restore
+    loop has read the changelog through the marker (`through`)."""
+
+    writer: Writer
+    producer: TaskProducer
+    through: dict[str, int]
+
+
+@dataclass
 class _Activation:
     epoch: int
     targets: dict[str, int] | None
+    marked: _Marked | None = None
+
+    def waits_for(self) -> dict[str, int]:
+        """The changelog offsets the restore loop must have read before the next step."""
+        return self.marked.through if self.marked is not None else dict(self.targets or {})
+
+    def close(self) -> None:
+        if self.marked is not None:
+            self.marked.producer.close()
 
 
 class Instance:
@@ -517,7 +534,7 @@ class Instance:
             else:
                 state.close()
         for task in sorted(set(self._activating) - set(wanted)):
-            del self._activating[task]
+            self._activating.pop(task).close()
         for task in sorted(self._restore.tasks() - set(wanted)):
             dropped = self._restore.unfollow(task)
             if dropped is not None:
@@ -532,41 +549,49 @@ class Instance:
             if held.role is TaskRole.ACTIVE:
                 activation = self._activating.get(task)
                 if activation is None or activation.epoch != held.epoch:
+                    if activation is not None:
+                        activation.close()
                     targets = held.restore_until
                     if targets is None:
                         targets = end_offsets(
                             self._offsets, self.config.changelog_topics(), task, timeout=10
                         )
                     self._activating[task] = _Activation(held.epoch, dict(targets))
-            else:
-                self._activating.pop(task, None)
+            elif task in self._activating:
+                self._activating.pop(task).close()
         self._report()
 
     def _activate_caught_up(self) -> None:
+        """Move each activating task one step once the restore loop has read far enough:
+        restored to its target -> write its epoch marker (or refuse a stale epoch); restored
+        through its marker -> active. Neither step waits for a restore: a task that needs a
+        long one stays activating (reported as a warm-up with its progress) while the other
+        tasks keep processing."""
         positions = self._restore.read_positions()
         failures = self._restore.failures()
         for task, activation in sorted(self._activating.items()):
             if task in failures:
                 continue
             reached = positions.get(task)
-            targets = activation.targets or {}
-            if reached is None or any(reached.get(s, 0) < o for s, o in targets.items()):
+            waits_for = activation.waits_for()
+            if reached is None or any(reached.get(s, 0) < o for s, o in waits_for.items()):
                 continue
             state = self._restore.unfollow(task)
             if state is None:
                 continue
-            del self._activating[task]
-            seen = max(state.epoch(store) for store in state.stores)
-            if seen > activation.epoch:
-                self._refuse(task, activation.epoch, seen, state.positions())
+            if activation.marked is None:
+                seen = max(state.epoch(store) for store in state.stores)
+                if seen > activation.epoch:
+                    del self._activating[task]
+                    self._refuse(task, activation.epoch, seen, state.positions())
+                else:
+                    activation.marked = self._mark(task, activation.epoch, state)
+                # Restores on through the marker in the background (the loop resumes from the
+                # state's own position).
                 self._restore.follow(state)
                 continue
-            try:
-                self._activate(task, activation.epoch, state)
-            except ChangelogUnusableError as error:
-                # The restore loop finds the same problem again and reports it on the task.
-                log.error("task %d not activated: %s", task, error)
-                self._restore.follow(state)
+            del self._activating[task]
+            self._activate(task, activation.marked, state)
 
     def _refuse(self, task: TaskId, epoch: int, seen: int, positions: dict[str, int]) -> None:
         error = (
@@ -585,21 +610,20 @@ class Instance:
         )
         self._report()
 
-    def _activate(self, task: TaskId, epoch: int, state: TaskState) -> None:
+    def _mark(self, task: TaskId, epoch: int, state: TaskState) -> _Marked:
+        """Write the new writer's epoch marker to every store's changelog partition. Whatever
+        an older owner committed before it becomes part of the state (every later restore
+        applies it too); whatever it commits after it is ignored."""
         writer = Writer.next_after(epoch, state.highest_writer())
         producer = TaskProducer(self.config, task, epoch)
-        try:
-            through = producer.commit(
-                {store: [marker(writer, self.config.instance_id)] for store in state.stores}
-            )
-            # Whatever an older owner committed before the marker is part of the state (every
-            # later restore applies it too); whatever it commits after the marker is ignored.
-            catch_up(
-                self.config, state, through, self.config.activation_timeout, self._count_restored
-            )
-        except ChangelogUnusableError:
-            producer.close()
-            raise
+        through = producer.commit(
+            {store: [marker(writer, self.config.instance_id)] for store in state.stores}
+        )
+        return _Marked(writer, producer, through)
+
+    def _activate(self, task: TaskId, marked: _Marked, state: TaskState) -> None:
+        """Make a task restored through its own marker active."""
+        writer, producer, through = marked.writer, marked.producer, marked.through
         store = self.pipeline.store
         unverified_from = through[store] + 1
         known = state.input_positions()

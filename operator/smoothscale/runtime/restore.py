@@ -1,4 +1,4 @@
-"""Restoring task state from the changelog: the background loop and the catch-up before activation.
+"""Restoring task state from the changelog: the background loop, and a one-off catch-up.
 
 A plain confluent-kafka consumer (read_committed, assign() only, never commits) reads each
 task's changelog partitions from the restore position kept in the task's local store and
@@ -6,8 +6,9 @@ applies the records with `changelog.fold`. The restore position is the consumer'
 not the last record's offset + 1: transaction commit markers take offsets but are never
 delivered, so "last offset + 1" would stop short of the end forever.
 
-`RestoreLoop` is the thread that keeps warm-up and standby tasks following their changelogs.
-`catch_up` restores one task synchronously up to given offsets, for a task being activated.
+`RestoreLoop` is the thread that keeps warm-up, standby and activating tasks following their
+changelogs (an activation never waits for a restore in the batch path). `catch_up` restores one
+task synchronously up to given offsets: a whole restore in one call, for tools and checks.
 """
 
 import logging
