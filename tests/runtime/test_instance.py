@@ -7,14 +7,17 @@ through the operator's channels; the Spark half of a micro-batch is replaced by 
 from collections import Counter
 from pathlib import Path
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from smoothscale.kafka.assignments import Assignment, AssignmentWriter, TaskAssignment
 from smoothscale.kafka.embedded import EmbeddedKafka
 from smoothscale.kafka.progress import ProgressCommitter, ProgressReader, ReportedRole, TaskReport
+from smoothscale.runtime.changelog import closer, data, marker
 from smoothscale.runtime.instance import Instance
 from smoothscale.runtime.restore import catch_up
 from smoothscale.runtime.store import TaskState
+from smoothscale.runtime.transactions import TaskProducer
+from smoothscale.runtime.writer import Writer
 from smoothscale.tasks import TaskRole
 from tests.runtime.instance_helpers import (
     PARTITIONS,
@@ -394,3 +397,45 @@ def test_the_state_stays_exact_through_several_hand_overs(
     operator.close()
     reader.close()
     assert state == dict(Counter(produced))
+
+
+def test_an_activation_needing_a_long_restore_never_stops_the_other_tasks(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    """Issue 9.4: a task whose changelog holds far more than its restoreUntil says is marked,
+    then restored through its marker in the background: meanwhile it is not active yet (it
+    reports as a warm-up) and the instance's other task keeps processing."""
+    config = app_config(embedded_kafka, tmp_path)
+    changelog = config.changelog_topics()[STORE]
+    # An earlier owner of task 1 wrote 40 closed batches of 1,000 keys each.
+    earlier = Writer(1, 1, 7)
+    producer = TaskProducer(config, task=1, epoch=1)
+    producer.commit({STORE: [marker(earlier, "pod-old")]})
+    for batch in range(1, 41):
+        records = [data(earlier, batch, f"key-{k}", batch, None) for k in range(1_000)]
+        records.append(closer(earlier, batch, {config.input_topics[0]: 0}, None))
+        producer.commit({STORE: records})
+    producer.close()
+    ends = Consumer({"bootstrap.servers": config.bootstrap_servers, "group.id": "ends"})
+    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    operator.write("pod-a", Assignment(generation=1, tasks={0: active(1)}))
+    users = users_batch(200)
+    with running(for_instance(config, "pod-a")) as a:
+        wait_for(lambda: ticked(a).active_tasks() == {0: 1}, 10, "task 0 active")
+        before = ends.get_watermark_offsets(TopicPartition(changelog, 1), timeout=10)[1]
+        # Task 1 comes with a stale, low restoreUntil: the marker is written at once, and the
+        # restore through it (40,000 records) follows in the background.
+        operator.write(
+            "pod-a", Assignment(generation=2, tasks={0: active(1), 1: active(2, {STORE: 1})})
+        )
+        processed_while_activating = 0
+        while 1 not in ticked(a).active_tasks():
+            marked = ends.get_watermark_offsets(TopicPartition(changelog, 1), timeout=10)[1]
+            if marked > before and 1 not in a.active_tasks():
+                produce_users(config, [u for u in users if user_partition(u) == 0][:20])
+                processed_while_activating += feed(a)
+        assert processed_while_activating > 0, "task 0 kept processing while task 1 restored"
+        assert a.active_tasks() == {0: 1, 1: 2}
+        assert a.state_snapshot(1) == {f"key-{k}": 40 for k in range(1_000)}
+    operator.close()
+    ends.close()
