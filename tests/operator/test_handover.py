@@ -78,6 +78,8 @@ class Cluster:
     """The highest generation written to Kafka so far."""
     highest_epochs: dict[TaskId, int] = field(default_factory=dict)
     """The highest epoch of each task written to Kafka so far."""
+    rewrite_all: bool = False
+    """Set by a restart: the next poll writes every assignment of the rebuilt ledger."""
 
     def start(self, *names: str) -> None:
         for name in names:
@@ -127,7 +129,11 @@ class Cluster:
         self.ledger = result.ledger
         self.history.append(result)
         writes: list[tuple[str, Assignment | None]] = [("ledger record", None)]
-        writes += sorted(result.writes.items())
+        # After a restart the operator writes every assignment of its rebuilt ledger again
+        # (smoothscale.operator.reconcile): the one it died before writing reaches its pod.
+        assignments = result.ledger.assignments if self.rewrite_all else result.writes
+        self.rewrite_all = False
+        writes += sorted(assignments.items())
         writes += [(name, None) for name in result.forget]
         writes += [("status", None)]
         for what, assignment in writes[:killed_after_writes]:
@@ -142,7 +148,7 @@ class Cluster:
             else:
                 self.kafka_assignments[what] = assignment
                 self.pending[what] = assignment
-                self.highest_generation = assignment.generation
+                self.highest_generation = max(self.highest_generation, assignment.generation)
         drained = result.drained if killed_after_writes is None else ()
         for name in drained:
             owned = [
@@ -173,6 +179,7 @@ class Cluster:
         self.ledger = rebuild(
             kept, self.kafka_ledger, self.kafka_assignments, self.observe().progress
         )
+        self.rewrite_all = True
 
     def _check_nothing_goes_back(self, result: Step) -> None:
         """Nothing the operator is about to write is older than what Kafka already has."""
