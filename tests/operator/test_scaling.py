@@ -6,6 +6,7 @@ ever reported active by two pods at once.
 
 import io
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.cluster]
 
 
 def options(tmp_path: Path, **changes: float) -> DemoOptions:
-    return DemoOptions(
+    small = DemoOptions(
         workdir=tmp_path,
         tasks=4,
         keys=400,
@@ -35,8 +36,8 @@ def options(tmp_path: Path, **changes: float) -> DemoOptions:
         hold=3,
         phase_timeout=300,
         examples_root=ROOT,
-        **changes,
     )
+    return replace(small, **changes)
 
 
 def pods(running: Session) -> list[str]:

@@ -334,6 +334,8 @@ def test_a_restarted_instance_ends_the_hand_over_its_previous_run_left_open(
     operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
     reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
     operator.write("pod-a", Assignment(generation=2, tasks={0: active(3), 1: warmup(3)}))
+    # Restarted in place: the same pod, so the same disk, with the task's local store.
+    TaskState(pod_a.state_dir, 1, pod_a.stores).close()
     with running(pod_a) as a:
         released = reader.reports("pod-a", PARTITIONS)[1]
         assert (released.role, released.epoch, dict(released.positions)) == (
@@ -439,3 +441,31 @@ def test_an_activation_needing_a_long_restore_never_stops_the_other_tasks(
         assert a.state_snapshot(1) == {f"key-{k}": 40 for k in range(1_000)}
     operator.close()
     ends.close()
+
+
+def test_a_new_pod_under_a_known_name_owes_none_of_its_predecessors_releases(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    """A pod re-created under the same name has a new, empty disk: the operator takes it for a
+    new instance (the old one's tasks fail over), so it reports its warm-ups, not the releases
+    its predecessor's reports would imply."""
+    config = app_config(embedded_kafka, tmp_path)
+    pod_a = for_instance(config, "pod-a")
+    predecessor = ProgressCommitter(
+        config.bootstrap_servers, config.app_id, "pod-a", config.changelog_topics()
+    )
+    predecessor.commit([TaskReport(1, ReportedRole.ACTIVE, 3, 1, {STORE: 5}, {"users": 9})])
+    predecessor.close()
+    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
+    operator.write("pod-a", Assignment(generation=2, tasks={1: warmup(4)}))
+    with running(pod_a) as a:
+
+        def warming_up() -> bool:
+            a.tick()
+            report = reader.reports("pod-a", PARTITIONS).get(1)
+            return report is not None and report.role is ReportedRole.WARMUP
+
+        wait_for(warming_up, 10, "the warm-up report")
+    operator.close()
+    reader.close()

@@ -239,13 +239,16 @@ class Instance:
                 continue
             if report.role not in (ReportedRole.ACTIVE, ReportedRole.RELEASED):
                 continue
+            if not task_directory(self.config.state_dir, task).exists():
+                # Not this disk's task: a new pod under the same name, which the operator takes
+                # for a new instance (the old one's tasks fail over); it owes no release.
+                continue
             positions = dict(report.positions)
-            if task_directory(self.config.state_dir, task).exists():
-                state = self._open_state(task)
-                positions = {
-                    store: max(p, positions.get(store, 0)) for store, p in state.positions().items()
-                }
-                state.close()
+            state = self._open_state(task)
+            positions = {
+                store: max(p, positions.get(store, 0)) for store, p in state.positions().items()
+            }
+            state.close()
             # At the generation of `assignment`: only a newer one can end the release.
             self._released[task] = TaskReport(
                 task, ReportedRole.RELEASED, report.epoch, assignment.generation, positions
