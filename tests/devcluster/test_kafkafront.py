@@ -319,3 +319,62 @@ def test_a_group_resumes_from_its_committed_offset_on_a_compacted_partition(
 def test_compacting_an_unknown_topic_says_so(kafka_front: KafkaFront) -> None:
     with pytest.raises(KafkaFrontError, match="does not exist"):
         kafka_front.compact(unique("missing"))
+
+
+def delete_records(front: KafkaFront, topic: str, offset: int) -> int | KafkaError:
+    """DeleteRecords below `offset` of partition 0: the new log start, or the error."""
+    client = admin(front)
+    (future,) = client.delete_records([TopicPartition(topic, 0, offset)]).values()
+    try:
+        low_watermark: int = future.result(10).low_watermark
+    except KafkaException as error:
+        failure: KafkaError = error.args[0]
+        return failure
+    return low_watermark
+
+
+def first_read(front: KafkaFront, topic: str, start: int, reset: str) -> int | KafkaError:
+    """Where a reader assigned at `start` gets its first record, or the error it gets."""
+    settings = {"group.id": unique("reader"), "auto.offset.reset": reset}
+    consumer = Consumer({"bootstrap.servers": front.bootstrap_servers, **settings})
+    consumer.assign([TopicPartition(topic, 0, start)])
+    deadline = time.monotonic() + 15
+    try:
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.2)
+            if message is None:
+                continue
+            error: KafkaError | None = message.error()
+            if error is not None:
+                return error
+            offset: int = message.offset()
+            return offset
+        raise AssertionError(f"no record and no error from offset {start}")
+    finally:
+        consumer.close()
+
+
+def test_deleted_records_move_the_log_start_like_retention(kafka_front: KafkaFront) -> None:
+    topic = unique("retained")
+    kafka_front.kafka.create_topic(topic, 1)
+    produce(kafka_front, topic, [(b"k", b"%d" % index) for index in range(10)])
+
+    assert delete_records(kafka_front, topic, 4) == 4
+    assert delete_records(kafka_front, topic, 2) == 4, "the log start never moves back"
+    consumer = Consumer({"bootstrap.servers": kafka_front.bootstrap_servers, "group.id": "w"})
+    assert consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10) == (4, 10)
+    client = admin(kafka_front)
+    (earliest,) = client.list_offsets({TopicPartition(topic, 0): OffsetSpec.earliest()}).values()
+    assert earliest.result(10).offset == 4
+    consumer.close()
+
+    out_of_range = first_read(kafka_front, topic, 1, reset="error")
+    assert isinstance(out_of_range, KafkaError)
+    assert out_of_range.code() == KafkaError._AUTO_OFFSET_RESET
+    assert first_read(kafka_front, topic, 1, reset="earliest") == 4
+    assert first_read(kafka_front, topic, 6, reset="error") == 6
+
+    assert delete_records(kafka_front, topic, -1) == 10
+    beyond = delete_records(kafka_front, topic, 11)
+    assert isinstance(beyond, KafkaError)
+    assert beyond.code() == KafkaError.OFFSET_OUT_OF_RANGE

@@ -13,7 +13,10 @@ forwards every request to its broker, except that it:
   caps the versions it advertises in ApiVersions to non-flexible ones it parses (and below the
   Produce and Fetch versions that carry leader endpoints, KIP-951);
 - after `compact`, rewrites Fetch responses of that partition as Kafka's log cleaner leaves the
-  log (see compaction.py). Until then Fetch responses are copied untouched.
+  log (see compaction.py). Until then Fetch responses are copied untouched;
+- answers DeleteRecords (v0-v1) itself: it keeps each partition's log start offset, which
+  ListOffsets answers then never go below, and a Fetch below it is OFFSET_OUT_OF_RANGE, as on a
+  cluster whose retention deleted the records.
 
 It runs an asyncio loop in a background thread of the process that owns the EmbeddedKafka.
 """
@@ -51,15 +54,16 @@ _log = logging.getLogger(__name__)
 # How a pump ends when its peer closes the connection: not worth a log line.
 _CONNECTION_CLOSED = (asyncio.IncompleteReadError, ConnectionError)
 
-PRODUCE, FETCH, METADATA, FIND_COORDINATOR, API_VERSIONS = 0, 1, 3, 10, 18
-CREATE_TOPICS, DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 19, 32, 44
+PRODUCE, FETCH, LIST_OFFSETS, METADATA, FIND_COORDINATOR, API_VERSIONS = 0, 1, 2, 3, 10, 18
+CREATE_TOPICS, DELETE_RECORDS, DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 19, 21, 32, 44
 _ALTER_CONFIGS, _DESCRIBE_CLUSTER = 33, 60
 
 # Highest version the front lets clients use of the APIs whose responses it parses or that
 # carry broker addresses in later versions.
-_VERSION_CAPS = {PRODUCE: 8, FETCH: 11, METADATA: 8, FIND_COORDINATOR: 2}
+_VERSION_CAPS = {PRODUCE: 8, FETCH: 11, LIST_OFFSETS: 5, METADATA: 8, FIND_COORDINATOR: 2}
 _ANSWERED_HERE = {
     CREATE_TOPICS: (0, 4),
+    DELETE_RECORDS: (0, 1),
     DESCRIBE_CONFIGS: (0, 1),
     INCREMENTAL_ALTER_CONFIGS: (0, 0),
 }
@@ -67,7 +71,9 @@ _ANSWERED_HERE = {
 _HIDDEN = {_ALTER_CONFIGS, _DESCRIBE_CLUSTER}
 
 _NONE = 0
+_OFFSET_OUT_OF_RANGE = 1
 _UNKNOWN_TOPIC_OR_PARTITION = 3
+_LATEST = -1  # ListOffsets' timestamp for the high watermark (and DeleteRecords' "all")
 _INVALID_TOPIC_EXCEPTION = 17
 _TOPIC_ALREADY_EXISTS = 36
 _INVALID_PARTITIONS = 37
@@ -127,6 +133,17 @@ def _parse_addresses(bootstrap_servers: str) -> list[_Address]:
 
 
 @dataclass(frozen=True)
+class _Forwarded:
+    """A request forwarded to a broker, awaiting its response: what the rewrite needs."""
+
+    answer: "asyncio.Future[bytes]"
+    api_key: int
+    version: int
+    fetch_offsets: Mapping[tuple[str, int], int]
+    """For a Fetch: the offset each partition is read from (empty when nothing needs it)."""
+
+
+@dataclass(frozen=True)
 class _TopicLayout:
     partitions: dict[int, _Address]  # partition -> its leader's address
 
@@ -143,6 +160,7 @@ class KafkaFront:
         self._brokers = _parse_addresses(kafka.bootstrap_servers)
         self._configs: dict[str, dict[str, str]] = {}
         self._compactions: dict[tuple[str, int], Compaction] = {}
+        self._log_starts: dict[tuple[str, int], int] = {}
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="kafka-front", daemon=True
@@ -493,6 +511,37 @@ class KafkaFront:
                     answer.int32(0)
         return answer.bytes()
 
+    # ---- retention --------------------------------------------------------------------------
+
+    async def _delete_records(self, _version: int, body: Reader) -> bytes:
+        """DeleteRecords v0-v1: each partition's log start moves up to the given offset (-1: the
+        high watermark), as retention moves it. The broker behind keeps the records; the front
+        hides them (ListOffsets, Fetch)."""
+        requests = []
+        for _ in range(body.array_length()):
+            topic = body.string()
+            offsets = [(body.int32(), body.int64()) for _ in range(body.array_length())]
+            requests.append((topic, offsets))
+        layouts = await self._topic_layouts()
+        answer = Writer().int32(0).int32(len(requests))
+        for topic, offsets in requests:
+            answer.nullable_string(topic).int32(len(offsets))
+            layout = layouts.get(topic)
+            for partition, requested in offsets:
+                broker = None if layout is None else layout.partitions.get(partition)
+                if broker is None:
+                    answer.int32(partition).int64(-1).int16(_UNKNOWN_TOPIC_OR_PARTITION)
+                    continue
+                high_watermark = await _high_watermark(broker, topic, partition)
+                before = high_watermark if requested == _LATEST else requested
+                if not 0 <= before <= high_watermark:
+                    answer.int32(partition).int64(-1).int16(_OFFSET_OUT_OF_RANGE)
+                    continue
+                key = (topic, partition)
+                self._log_starts[key] = max(self._log_starts.get(key, 0), before)
+                answer.int32(partition).int64(self._log_starts[key]).int16(_NONE)
+        return answer.bytes()
+
     # ---- the proxy --------------------------------------------------------------------------
 
     async def _serve_connection(
@@ -507,7 +556,7 @@ class KafkaFront:
             client_writer.close()
             return
         answers: asyncio.Queue[asyncio.Future[bytes]] = asyncio.Queue()
-        awaited: dict[int, tuple[asyncio.Future[bytes], int, int]] = {}
+        awaited: dict[int, _Forwarded] = {}
         tasks = [
             asyncio.create_task(
                 self._pump_requests(client_reader, broker_writer, answers, awaited)
@@ -524,8 +573,8 @@ class KafkaFront:
         finally:
             for task in tasks:
                 task.cancel()
-            for future, _, _ in awaited.values():
-                future.cancel()
+            for forwarded in awaited.values():
+                forwarded.answer.cancel()
             for writer in (client_writer, broker_writer):
                 writer.close()
 
@@ -534,7 +583,7 @@ class KafkaFront:
         client: asyncio.StreamReader,
         broker: asyncio.StreamWriter,
         answers: "asyncio.Queue[asyncio.Future[bytes]]",
-        awaited: dict[int, tuple[asyncio.Future[bytes], int, int]],
+        awaited: dict[int, _Forwarded],
     ) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -550,7 +599,14 @@ class KafkaFront:
             if header.api_key == METADATA and header.api_version >= 4:
                 request = _without_auto_creation(request, header.body_offset)
             if not (header.api_key == PRODUCE and _acks(request, header) == 0):
-                awaited[header.correlation_id] = (answer, header.api_key, header.api_version)
+                fetch_offsets = (
+                    _fetch_offsets(request, header)
+                    if header.api_key == FETCH and self._log_starts
+                    else {}
+                )
+                awaited[header.correlation_id] = _Forwarded(
+                    answer, header.api_key, header.api_version, fetch_offsets
+                )
                 answers.put_nowait(answer)
             broker.write(frame(request))
             await broker.drain()
@@ -558,6 +614,8 @@ class KafkaFront:
     def _handler(self, api_key: int) -> Callable[[int, Reader], Awaitable[bytes]] | None:
         if api_key == CREATE_TOPICS:
             return self._create_topics
+        if api_key == DELETE_RECORDS:
+            return self._delete_records
         if api_key == DESCRIBE_CONFIGS:
             return self._describe_configs
         if api_key == INCREMENTAL_ALTER_CONFIGS:
@@ -567,23 +625,25 @@ class KafkaFront:
     async def _pump_responses(
         self,
         broker: asyncio.StreamReader,
-        awaited: dict[int, tuple[asyncio.Future[bytes], int, int]],
+        awaited: dict[int, _Forwarded],
     ) -> None:
         while True:
             response = await _read_frame(broker)
-            correlation_id = Reader(response).int32()
-            answer, api_key, api_version = awaited.pop(correlation_id)
-            answer.set_result(frame(self._rewrite_response(api_key, api_version, response)))
+            forwarded = awaited.pop(Reader(response).int32())
+            forwarded.answer.set_result(frame(self._rewrite_response(forwarded, response)))
 
-    def _rewrite_response(self, api_key: int, version: int, response: bytes) -> bytes:
-        if api_key == API_VERSIONS:
+    def _rewrite_response(self, request: _Forwarded, response: bytes) -> bytes:
+        version = request.version
+        if request.api_key == API_VERSIONS:
             return _rewrite_api_versions(version, response)
-        if api_key == METADATA:
+        if request.api_key == METADATA:
             return self._rewrite_metadata(version, response)
-        if api_key == FIND_COORDINATOR:
+        if request.api_key == FIND_COORDINATOR:
             return self._rewrite_find_coordinator(version, response)
-        if api_key == FETCH and self._compactions:
-            return self._rewrite_fetch(version, response)
+        if request.api_key == LIST_OFFSETS and self._log_starts:
+            return self._rewrite_list_offsets(version, response)
+        if request.api_key == FETCH and (self._compactions or self._log_starts):
+            return self._rewrite_fetch(version, response, request.fetch_offsets)
         return response
 
     def _front_of(self, host: str, port: int) -> _Address:
@@ -627,36 +687,83 @@ class KafkaFront:
         front = self._front_of(reader.string(), reader.int32())
         return answer.nullable_string(front.host).int32(front.port).raw(reader.rest()).bytes()
 
-    def _rewrite_fetch(self, version: int, response: bytes) -> bytes:
-        """Splice the compacted view into the records of compacted partitions; copy the rest."""
+    def _rewrite_list_offsets(self, version: int, response: bytes) -> bytes:
+        """A ListOffsets answer (v1-v5) that never names an offset below a log start."""
+        if version < 1:
+            return response
         reader = Reader(response, 4)
-        reader.int32()
-        if version >= 7:
-            reader.int16()
-            reader.int32()
-        pieces: list[bytes] = []
-        copied_to = 0
-        for _ in range(reader.array_length()):
+        answer = Writer().raw(response[:4])
+        if version >= 2:
+            answer.int32(reader.int32())
+        topics = reader.array_length()
+        answer.int32(topics)
+        for _ in range(topics):
             topic = reader.string()
-            for _ in range(reader.array_length()):
-                partition = reader.int32()
-                reader.raw(2 + 8 + 8)
-                if version >= 5:
-                    reader.int64()
-                for _ in range(max(reader.array_length(), 0)):
-                    reader.raw(16)
-                if version >= 11:
-                    reader.int32()
-                records_at = reader.position
+            partitions = reader.array_length()
+            answer.nullable_string(topic).int32(partitions)
+            for _ in range(partitions):
+                partition, error_code = reader.int32(), reader.int16()
+                timestamp, offset = reader.int64(), reader.int64()
+                log_start = self._log_starts.get((topic, partition))
+                if error_code == _NONE and log_start is not None and offset >= 0:
+                    offset = max(offset, log_start)
+                answer.int32(partition).int16(error_code).int64(timestamp).int64(offset)
+                if version >= 4:
+                    answer.int32(reader.int32())
+        return answer.raw(reader.rest()).bytes()
+
+    def _rewrite_fetch(
+        self, version: int, response: bytes, fetch_offsets: Mapping[tuple[str, int], int]
+    ) -> bytes:
+        """A Fetch answer (v0-v11) as Kafka would give it after `compact` and DeleteRecords:
+        a compacted partition's records as the cleaner leaves them; a read below a partition's
+        log start OFFSET_OUT_OF_RANGE without records; the log start offset never below it."""
+        reader = Reader(response, 4)
+        answer = Writer().raw(response[:4])
+        if version >= 1:
+            answer.int32(reader.int32())
+        if version >= 7:
+            answer.int16(reader.int16()).int32(reader.int32())
+        topics = reader.array_length()
+        answer.int32(topics)
+        for _ in range(topics):
+            topic = reader.string()
+            partitions = reader.array_length()
+            answer.nullable_string(topic).int32(partitions)
+            for _ in range(partitions):
+                partition, error_code, high_watermark = (
+                    reader.int32(),
+                    reader.int16(),
+                    reader.int64(),
+                )
+                last_stable = reader.int64() if version >= 4 else -1
+                log_start = reader.int64() if version >= 5 else -1
+                aborted = reader.array_length() if version >= 4 else 0
+                aborted_transactions = reader.raw(16 * aborted) if aborted > 0 else b""
+                preferred_read_replica = reader.int32() if version >= 11 else -1
                 records = reader.nullable_bytes()
-                compaction = self._compactions.get((topic, partition))
-                if compaction is None or records is None:
-                    continue
-                pieces.append(response[copied_to:records_at])
-                pieces.append(Writer().nullable_bytes(rewrite_records(records, compaction)).bytes())
-                copied_to = reader.position
-        pieces.append(response[copied_to:])
-        return b"".join(pieces)
+                key = (topic, partition)
+                deleted_before = self._log_starts.get(key)
+                if deleted_before is not None:
+                    log_start = max(log_start, deleted_before)
+                    offset = fetch_offsets.get(key)
+                    if error_code == _NONE and offset is not None and offset < deleted_before:
+                        error_code, aborted, aborted_transactions = _OFFSET_OUT_OF_RANGE, 0, b""
+                        records = b""
+                compaction = self._compactions.get(key)
+                if compaction is not None and records:
+                    records = rewrite_records(records, compaction)
+                answer.int32(partition).int16(error_code).int64(high_watermark)
+                if version >= 4:
+                    answer.int64(last_stable)
+                if version >= 5:
+                    answer.int64(log_start)
+                if version >= 4:
+                    answer.int32(aborted).raw(aborted_transactions)
+                if version >= 11:
+                    answer.int32(preferred_read_replica)
+                answer.nullable_bytes(records)
+        return answer.raw(reader.rest()).bytes()
 
     def close(self) -> None:
         """Stop listening, drop every connection and stop the loop; calling it again does
@@ -747,6 +854,49 @@ async def _call(broker: _Address, api_key: int, version: int, body: bytes) -> by
         return (await _read_frame(reader))[4:]
     finally:
         writer.close()
+
+
+async def _high_watermark(broker: _Address, topic: str, partition: int) -> int:
+    """A partition's high watermark, from its leader (ListOffsets v1)."""
+    request = Writer().int32(-1).int32(1).nullable_string(topic)
+    request.int32(1).int32(partition).int64(_LATEST)
+    reader = Reader(await _call(broker, LIST_OFFSETS, 1, request.bytes()))
+    reader.array_length()
+    reader.string()
+    reader.array_length()
+    reader.int32()
+    error_code = reader.int16()
+    if error_code != _NONE:
+        raise KafkaFrontError(
+            f"cannot read the end of {topic}[{partition}]: Kafka error {error_code}"
+        )
+    reader.int64()
+    return reader.int64()
+
+
+def _fetch_offsets(request: bytes, header: RequestHeader) -> dict[tuple[str, int], int]:
+    """Per partition, the offset a Fetch request (v0-v11) reads from."""
+    version = header.api_version
+    reader = Reader(request, header.body_offset)
+    reader.raw(12)  # replica id, max wait, min bytes
+    if version >= 3:
+        reader.int32()  # max bytes
+    if version >= 4:
+        reader.int8()  # isolation level
+    if version >= 7:
+        reader.raw(8)  # fetch session id and epoch
+    offsets = {}
+    for _ in range(reader.array_length()):
+        topic = reader.string()
+        for _ in range(reader.array_length()):
+            partition = reader.int32()
+            if version >= 9:
+                reader.int32()  # current leader epoch
+            offsets[(topic, partition)] = reader.int64()
+            if version >= 5:
+                reader.int64()  # the follower's log start
+            reader.int32()  # partition max bytes
+    return offsets
 
 
 def _without_auto_creation(request: bytes, body_offset: int) -> bytes:

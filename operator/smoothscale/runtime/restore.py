@@ -38,7 +38,10 @@ RestoredCallback = Callable[[TaskId, int], None]
 
 
 def restore_consumer(config: WorkerConfig) -> Consumer:
-    """A read_committed consumer that only assign()s changelog partitions and never commits."""
+    """A read_committed consumer that only assign()s changelog partitions and never commits.
+
+    A position the broker no longer has is an error (`auto.offset.reset` error), never a silent
+    jump to the log start: the records in between would be lost from the state."""
     return Consumer(
         {
             **config.client_config(),
@@ -46,7 +49,7 @@ def restore_consumer(config: WorkerConfig) -> Consumer:
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "isolation.level": "read_committed",
-            "auto.offset.reset": "earliest",
+            "auto.offset.reset": "error",
             "enable.partition.eof": False,
         }
     )
@@ -70,6 +73,14 @@ def retention_error(task: TaskId, topic: str, log_start: int, needed: int) -> st
         f"needs it from offset {needed}: retention deleted changelog records, so the state "
         "cannot be restored exactly. Set cleanup.policy=compact (without delete) on the "
         "changelog topics; the lost state can only be rebuilt by reprocessing the input"
+    )
+
+
+def replaced_changelog_error(task: TaskId, topic: str, end: int, needed: int) -> str:
+    return (
+        f"task {task}: changelog {topic}[{task}] ends at offset {end}, but the state has read it "
+        f"up to offset {needed}: the topic was deleted and re-created, so it no longer holds "
+        "the state. Restore the topic, or rebuild the state by reprocessing the input"
     )
 
 
@@ -107,6 +118,28 @@ class _Applier:
                 self.failures[state.task] = error
                 return
 
+    def _out_of_range(
+        self, consumer: Consumer, task: TaskId | None, states: Mapping[TaskId, TaskState]
+    ) -> None:
+        """The broker has no record at a followed task's position any more: fail the task
+        (retention deleted records it needs, or the topic was replaced), never skip records."""
+        state = None if task is None else states.get(task)
+        if state is None or state.task in self.failures:
+            return
+        self.check_retention(consumer, state, timeout=10)
+        if state.task in self.failures:
+            return
+        for store in state.stores:
+            topic = self._topic_of[store]
+            _log_start, end = consumer.get_watermark_offsets(
+                TopicPartition(topic, state.task), timeout=10
+            )
+            if end < state.position(store):
+                error = replaced_changelog_error(state.task, topic, end, state.position(store))
+                log.error("%s", error)
+                self.failures[state.task] = error
+                return
+
     def topic_of(self, store: str) -> str:
         return self._topic_of[store]
 
@@ -131,7 +164,9 @@ class _Applier:
         for message in messages:
             error = message.error()
             if error is not None:
-                if error.code() != KafkaError._PARTITION_EOF:
+                if error.code() == KafkaError._AUTO_OFFSET_RESET:
+                    self._out_of_range(consumer, message.partition(), states)
+                elif error.code() != KafkaError._PARTITION_EOF:
                     log.warning("changelog read error: %s", error)
                 continue
             topic, partition = message.topic(), message.partition()
