@@ -2,6 +2,7 @@
 lag and hand-overs, an exact final state."""
 
 import io
+import json
 import re
 from pathlib import Path
 
@@ -32,7 +33,11 @@ def test_scaling_out_and_in_keeps_the_state_exact_and_moves_only_caught_up_tasks
     story = out.getvalue()
     assert exit_code == 0, story
     assert "0 updates lost, 0 applied twice: EXACT" in story, story
-    assert "tasks ever reported active by two instances at once: 0" in story, story
+    assert "tasks processed by two instances at once: 0" in story, story
+    assert re.search(r"longest stop of any partition: scale-out [\d.]+ s, scale-in [\d.]+ s", story)
+    timeline = json.loads((tmp_path / "timeline.json").read_text())
+    owners = {stint["instance"] for task in timeline["tasks"] for stint in task["stints"]}
+    assert owners == {"counts-0", "counts-1"}, "the timeline shows both instances processing"
     handed_over = re.findall(r"handing over from (counts-\d) to (counts-\d) \(lag (\d+)\)", story)
     assert ("counts-0", "counts-1") in {(a, b) for a, b, _lag in handed_over}, story
     assert ("counts-1", "counts-0") in {(a, b) for a, b, _lag in handed_over}, story

@@ -31,14 +31,15 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
+from smoothscale.demo.timeline import read_committed, read_timelines, write_timelines
 from smoothscale.devcluster.kafka import KafkaControl
 from smoothscale.devcluster.stack import LocalStack, StackInfo
 from smoothscale.kafka import names
-from smoothscale.kafka.progress import InputPositionCommitter, ProgressReader, ReportedRole
+from smoothscale.kafka.progress import InputPositionCommitter
 
 NAMESPACE = "demo"
 APP_NAME = "counts"
@@ -46,6 +47,7 @@ APP_ID = names.default_application_id(NAMESPACE, APP_NAME)
 INPUT_TOPIC = "demo-clicks"
 OUTPUT_TOPIC = "demo-click-counts"
 STORE = "counts"
+CHANGELOG_TOPIC = names.changelog_topic(APP_ID, STORE)
 PIPELINE = "examples.pipelines.running_count:pipeline"
 QUIET = {"log.connection.close": "false"}
 """The embedded broker goes away with the demo: its clients need not log that it did."""
@@ -127,29 +129,6 @@ class InputFeed:
             self._producer.poll(0)
 
 
-@dataclass
-class PauseMeter:
-    """How long each input partition went without progress while it had input waiting."""
-
-    since: dict[int, float] = field(default_factory=dict)
-    position: dict[int, int] = field(default_factory=dict)
-    longest: dict[int, float] = field(default_factory=dict)
-
-    def observe(self, now: float, committed: dict[int, int], ends: dict[int, int]) -> None:
-        for partition, end in ends.items():
-            position = committed.get(partition, -1)
-            if position != self.position.get(partition) or position >= end:
-                self.position[partition] = position
-                self.since[partition] = now
-            stalled = now - self.since.setdefault(partition, now)
-            self.longest[partition] = max(self.longest.get(partition, 0.0), stalled)
-
-    def reset(self, now: float) -> None:
-        """Start a new phase: a stall that began before it counts from `now`."""
-        self.longest.clear()
-        self.since = dict.fromkeys(self.since, now)
-
-
 def read_final_counts(bootstrap_servers: str, tasks: int) -> tuple[dict[str, int], dict[str, int]]:
     """(reference counts from the input, latest counts the app emitted), both read to the end."""
     reference: dict[str, int] = {}
@@ -164,34 +143,10 @@ def read_final_counts(bootstrap_servers: str, tasks: int) -> tuple[dict[str, int
 
 def _read_all(bootstrap_servers: str, topic: str, partitions: int) -> Iterable[tuple[bytes, bytes]]:
     """Every committed record of `topic` as (key, value), each partition in offset order."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap_servers,
-            "group.id": "demo-verifier",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-        }
-    )
-    try:
-        assigned = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)]
-        ends = {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            for p in range(partitions)
-        }
-        consumer.assign(assigned)
-        done: set[int] = {p for p, end in ends.items() if end == 0}
-        while len(done) < partitions:
-            for message in consumer.consume(num_messages=1000, timeout=1.0):
-                key, value = message.key(), message.value()
-                if message.error() is None and key is not None and value is not None:
-                    yield key, value
-            for position in consumer.position(
-                [TopicPartition(topic, p) for p in range(partitions) if p not in done]
-            ):
-                if position.offset >= ends[position.partition]:
-                    done.add(position.partition)
-    finally:
-        consumer.close()
+    for message in read_committed(bootstrap_servers, topic, partitions, QUIET):
+        key, value = message.key(), message.value()
+        if key is not None and value is not None:
+            yield key, value
 
 
 class Kubectl:
@@ -302,7 +257,7 @@ class Operator:
 
 class Watcher:
     """Reads the StreamingApp's status and Events (what `kubectl get ssa -w` and `kubectl
-    describe` show) and the input positions, and measures each partition's pauses."""
+    describe` show) and the input positions."""
 
     def __init__(
         self,
@@ -318,19 +273,12 @@ class Watcher:
         self.say = say
         self.inputs = InputPositionCommitter(bootstrap_servers, APP_ID, QUIET)
         self._ends = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": APP_ID, **QUIET})
-        self._reports = ProgressReader(
-            bootstrap_servers, APP_ID, {STORE: names.changelog_topic(APP_ID, STORE)}, QUIET
-        )
-        self.pauses = PauseMeter()
         self._seen_events: set[str] = set()
         self.status: dict[str, Any] = {}
-        self.double_owners: set[int] = set()
-        """Tasks that two live instances reported active at the same time (must stay empty)."""
 
     def close(self) -> None:
         self.inputs.close()
         self._ends.close()
-        self._reports.close()
 
     def poll(self) -> None:
         self.operator.check()
@@ -348,24 +296,6 @@ class Watcher:
             self._seen_events.add(uid)
             kind = "warning" if event.get("type") == "Warning" else "event"
             self.say(f"{kind} {event.get('reason')}: {event.get('message')}")
-        committed, ends = self._input_positions()
-        self.pauses.observe(time.monotonic(), committed, ends)
-        self._check_owners()
-
-    def _check_owners(self) -> None:
-        """What the instances themselves report: a task is active on at most one live pod.
-        (A new owner reports a task active only after the old one reported it released.)"""
-        live = [i["name"] for i in self.status.get("instances") or []]
-        if not live or self.status.get("tasksTotal") is None:
-            return  # the operator has not created the app's topics yet
-        owners: dict[int, set[str]] = {}
-        for (instance, task), progress in self._reports.read(live, self.options.tasks).items():
-            if progress.report.role is ReportedRole.ACTIVE:
-                owners.setdefault(task, set()).add(instance)
-        for task, holders in owners.items():
-            if len(holders) > 1 and task not in self.double_owners:
-                self.double_owners.add(task)
-                self.say(f"TWO ACTIVE OWNERS of task {task}: {sorted(holders)}")
 
     def settled(self, replicas: int) -> bool:
         status = self.status
@@ -462,6 +392,18 @@ class Session:
     say: Callable[[str], None]
     kafka: KafkaControl
     """The embedded Kafka's controls (faults, compaction)."""
+    phases: list[tuple[str, float, float]] = field(default_factory=list)
+    """Named parts of the story (wall-clock start and end) whose pauses `finish` measures."""
+    longest_stops: dict[str, float] = field(default_factory=dict)
+    """Per phase, the longest processing pause of any partition (set by `finish`)."""
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Mark a part of the story (under steady input) whose longest per-partition
+        processing pause `finish` measures."""
+        start = time.time()
+        yield
+        self.phases.append((name, start, time.time()))
 
     def apply(self, replicas: int = 1) -> None:
         """Create the namespace and apply the app with `replicas` (kubectl apply)."""
@@ -486,8 +428,10 @@ class Session:
         self.watcher.operator = self.operator
 
     def finish(self) -> bool:
-        """Stop the input, wait for the last records, compare with the reference; whether the
-        final state is exact and no task was ever active on two pods at once."""
+        """Stop the input, wait for the last records, compare with the reference, and check
+        the ownership timeline the instances wrote (the changelog, `timeline.json` in the
+        workdir): whether the final state is exact and no task was ever processed by two
+        instances at once. Prints each phase's longest per-partition pause."""
         sent = self.feed.stop()
         self.say(f"input stopped after {sent:,} records; waiting for the last ones to be processed")
         self.watcher.run_until(lambda: self.watcher.input_lag() == 0, "processing the last records")
@@ -500,9 +444,29 @@ class Session:
             f"final state: {len(reference):,} users, {sum(reference.values()):,} records; "
             f"{lost} updates lost, {doubled} applied twice: " + ("EXACT" if exact else "NOT EXACT")
         )
-        doubles = len(self.watcher.double_owners)
-        self.say(f"tasks ever reported active by two instances at once: {doubles}")
-        return exact and not doubles
+        timelines = read_timelines(self.bootstrap, CHANGELOG_TOPIC, self.options.tasks, QUIET)
+        path = self.options.workdir / "timeline.json"
+        write_timelines(path, timelines)
+        for name, start, end in self.phases:
+            self.longest_stops[name] = max(t.longest_pause(start, end) for t in timelines.values())
+        if self.longest_stops:
+            stops = ", ".join(f"{name} {s:.1f} s" for name, s in self.longest_stops.items())
+            options = self.options
+            self.say(
+                f"longest stop of any partition: {stops} (trigger interval "
+                f"{options.trigger_interval} s, lag poll interval {options.poll_interval} s)"
+            )
+        overlaps = [overlap for timeline in timelines.values() for overlap in timeline.overlaps]
+        for overlap in overlaps:
+            self.say(
+                f"TWO ACTIVE OWNERS of task {overlap.task}: {overlap.stale} committed a batch "
+                f"after {overlap.newer} had taken it over"
+            )
+        self.say(
+            f"tasks processed by two instances at once: {len({o.task for o in overlaps})} "
+            f"(the ownership timeline is in {path})"
+        )
+        return exact and not overlaps
 
 
 @contextmanager
@@ -566,24 +530,17 @@ def _story(running: Session) -> int:
     say(f"steady input: {options.rate:,} records/s. {watcher.describe()}")
     watcher.hold()
 
-    watcher.pauses.reset(time.monotonic())
-    running.scale(2)
-    watcher.run_until(lambda: watcher.settled(2), "scale-out to 2")
-    say(f"scaled out. {watcher.describe()}")
-    watcher.hold()  # the moved tasks' first batches on their new owner fall in this phase
-    scale_out_pause = max(watcher.pauses.longest.values(), default=0.0)
+    with running.phase("scale-out"):
+        running.scale(2)
+        watcher.run_until(lambda: watcher.settled(2), "scale-out to 2")
+        say(f"scaled out. {watcher.describe()}")
+        watcher.hold()  # the moved tasks' first batches on their new owner fall in this phase
 
-    watcher.pauses.reset(time.monotonic())
-    running.scale(1)
-    watcher.run_until(lambda: watcher.settled(1), "scale-in to 1")
-    say(f"scaled in. {watcher.describe()}")
-    watcher.hold()
-    scale_in_pause = max(watcher.pauses.longest.values(), default=0.0)
+    with running.phase("scale-in"):
+        running.scale(1)
+        watcher.run_until(lambda: watcher.settled(1), "scale-in to 1")
+        say(f"scaled in. {watcher.describe()}")
+        watcher.hold()
     running.kubectl("get", "-n", NAMESPACE, "streamingapps")
     say(running.kubectl("get", "-n", NAMESPACE, "streamingapps", quiet=True).rstrip())
-    say(
-        f"longest stop of any partition: scale-out {scale_out_pause:.1f} s, "
-        f"scale-in {scale_in_pause:.1f} s (trigger interval {options.trigger_interval} s, "
-        f"lag poll interval {options.poll_interval} s)"
-    )
     return 0 if running.finish() else 1
