@@ -27,6 +27,8 @@ from smoothscale.operator.handover import (
     Ownership,
     Step,
     forget,
+    holds_nothing,
+    release_all,
     step,
 )
 from smoothscale.operator.ledger import rebuild
@@ -544,6 +546,29 @@ def test_a_recreated_pod_starts_as_a_new_instance_and_its_tasks_fail_over() -> N
     for _ in range(5):
         cluster.poll()
     assert cluster.actives() == {"a": [0], "b": [1]}
+
+
+def test_deleting_the_app_gives_every_instance_nothing_and_keeps_the_epochs() -> None:
+    cluster = Cluster(tasks=3, catch_up_per_poll=0)
+    cluster.start("a")
+    cluster.run_until_settled()
+    cluster.start("b")  # mid-scale: warm-ups on b
+    cluster.poll()
+    before = cluster.ledger
+    assert not holds_nothing(before)
+
+    released = release_all(before)
+
+    assert holds_nothing(released)
+    assert released.generation == before.generation + 1
+    assert set(released.assignments) == {"a", "b"}
+    assert all(
+        a == Assignment(generation=released.generation) for a in released.assignments.values()
+    )
+    assert {t: o.epoch for t, o in released.tasks.items()} == {
+        t: o.epoch for t, o in before.tasks.items()
+    }
+    assert all(owner.active is None for owner in released.tasks.values())
 
 
 @settings(max_examples=100, deadline=None)

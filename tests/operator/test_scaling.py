@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from smoothscale.demo.scenario import (
     APP_ID,
@@ -173,4 +174,28 @@ def test_under_a_sustained_load_a_small_acceptable_lag_still_lets_tasks_move(
         running.scale(2)
         watcher.run_until(lambda: watcher.settled(2), "the scale-out")
         watcher.run_until(lambda: out.getvalue().count("HandedOver") >= 2, "two hand-overs")
+        assert running.finish(), out.getvalue()
+
+
+def test_the_app_deleted_mid_scale_releases_its_tasks_and_resumes_exactly_when_reapplied(
+    tmp_path: Path,
+) -> None:
+    out = io.StringIO()
+    with session(options(tmp_path), out) as running:
+        watcher = running.watcher
+        start_steady(running)
+        running.scale(2)
+        watcher.run_until(lambda: moving(running), "a warm-up on the new pod")
+
+        running.kubectl("delete", "-n", NAMESPACE, "streamingapp", APP_NAME, "--timeout=120s")
+
+        assert pods(running) == [], "the finalizer holds the app until its pods are gone"
+        events = json.loads(running.kubectl("get", "-n", NAMESPACE, "events", "-o", "json"))
+        reasons = {event.get("reason") for event in events["items"]}
+        assert "Released" in reasons, out.getvalue()
+        topics = AdminClient({"bootstrap.servers": running.bootstrap}).list_topics(timeout=10)
+        assert names.changelog_topic(APP_ID, STORE) in topics.topics, "the changelog is kept"
+
+        running.apply(replicas=1)  # re-created: it resumes from the changelogs
+        watcher.run_until(lambda: watcher.settled(1), "the re-created app running")
         assert running.finish(), out.getvalue()

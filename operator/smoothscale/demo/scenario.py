@@ -406,8 +406,9 @@ class Session:
         self.phases.append((name, start, time.time()))
 
     def apply(self, replicas: int = 1) -> None:
-        """Create the namespace and apply the app with `replicas` (kubectl apply)."""
-        self.kubectl("create", "namespace", NAMESPACE)
+        """Apply the namespace and the app with `replicas` (kubectl apply)."""
+        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+        self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(namespace))
         app = streaming_app(self.options, self.bootstrap)
         app["spec"]["replicas"] = replicas
         self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(app, sort_keys=False))

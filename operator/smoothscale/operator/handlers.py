@@ -31,6 +31,7 @@ METRICS = OperatorMetrics()
 """The operator process's metrics (served by `smoothscale operator --metrics-port`)."""
 
 _wakeups: dict[tuple[str, str], threading.Event] = {}
+"""The wake-up event of every running control loop."""
 _generations: dict[tuple[str, str], int] = {}
 
 
@@ -105,3 +106,29 @@ def _sleep(stopped: kopf.DaemonStopped, wakeup: threading.Event, interval: timed
         step = min(remaining, 0.2)
         wakeup.wait(step)
         remaining -= step
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+def release_on_delete(
+    namespace: str | None, name: str, body: kopf.Body, runtime: timedelta, **_: Any
+) -> None:
+    """Before the app goes (kopf's finalizer holds it): its control loop stops, every task is
+    released, then its pods are deleted (`AppController.tear_down`)."""
+    key = (namespace or "", name)
+    wakeup = _wakeups.get(key)
+    if wakeup is not None:
+        wakeup.set()  # it sees the deletion and returns
+        raise kopf.TemporaryError("waiting for the control loop to stop", delay=1)
+
+    def post(type_: str, reason: str, message: str) -> None:
+        kopf.event(body, type=type_, reason=reason, message=message)
+
+    kube = KubeApi.connect()
+    controller = AppController(kube, namespace or "", name=name, events=post, metrics=METRICS)
+    try:
+        done = controller.tear_down(waited=runtime)
+    finally:
+        controller.close()
+        kube.close()
+    if not done:
+        raise kopf.TemporaryError("waiting for the instances to release their tasks", delay=2)

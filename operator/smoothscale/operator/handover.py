@@ -290,6 +290,28 @@ def _raise_epoch(owner: Ownership, task: TaskId, fresh: Reports, events: list[st
     return Ownership(epoch=shown)
 
 
+def release_all(ledger: Ledger) -> Ledger:
+    """The ledger of an app being deleted: every instance is given nothing (each releases its
+    active tasks at a micro-batch boundary) and no task has an owner. Epochs stay: an app
+    re-created under the same name goes on above them, from the changelogs."""
+    generation = ledger.generation + 1
+    return replace(
+        ledger,
+        generation=generation,
+        tasks={task: Ownership(epoch=owner.epoch) for task, owner in ledger.tasks.items()},
+        assignments={
+            instance: Assignment(generation=generation) for instance in ledger.assignments
+        },
+    )
+
+
+def holds_nothing(ledger: Ledger) -> bool:
+    """Whether no task has an owner and no instance is given anything (`release_all`)."""
+    return all(owner == Ownership(epoch=owner.epoch) for owner in ledger.tasks.values()) and all(
+        not assignment.tasks for assignment in ledger.assignments.values()
+    )
+
+
 def finish_release(owner: Ownership, task: TaskId, fresh: Reports, events: list[str]) -> Ownership:
     """Complete a hand-over whose source has reported the task released at its epoch (also
     used by the ledger's rebuild, so a release is acted on the same way after a restart)."""

@@ -19,7 +19,7 @@ argument for the order of writes.
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -45,6 +45,8 @@ from smoothscale.operator.handover import (
     Observation,
     Step,
     forget,
+    holds_nothing,
+    release_all,
     step,
 )
 from smoothscale.operator.kafka_client import MissingSecretError, client_config
@@ -64,6 +66,10 @@ from smoothscale.planner.model import PlannerConfig
 from smoothscale.tasks import TaskId, TaskRole
 
 log = logging.getLogger(__name__)
+
+RELEASE_TIMEOUT = timedelta(seconds=60)
+"""When an app is deleted, how long its instances get to release their tasks (one micro-batch
+each, normally) before their pods are deleted anyway."""
 
 ASSIGNMENT_ANNOTATION = "smoothscale.io/assignment"
 """The pod's current assignment, mirrored for people (`kubectl describe pod`), never read."""
@@ -162,8 +168,8 @@ class AppController:
     def _poll(self) -> timedelta | None:
         now = self.clock()
         body = self._read_app()
-        if body is None:
-            return None
+        if body is None or body["metadata"].get("deletionTimestamp") is not None:
+            return None  # gone, or being deleted: `tear_down` takes over
         try:
             app = StreamingApp.model_validate({**body, "status": None})
         except ValidationError as error:
@@ -387,12 +393,15 @@ class AppController:
         return pods
 
     def _delete_drained(self, instance: str) -> None:
+        self._delete_pod(instance)
+        self.events("Normal", "Drained", f"{instance} holds no task any more: deleted its pod")
+
+    def _delete_pod(self, name: str) -> None:
         try:
-            self.kube.request("DELETE", f"{pods_path(self.namespace)}/{instance}")
+            self.kube.request("DELETE", f"{pods_path(self.namespace)}/{name}")
         except KubeApiError as error:
             if error.status != 404:
                 raise
-        self.events("Normal", "Drained", f"{instance} holds no task any more: deleted its pod")
 
     def _label_pods(self, live: Mapping[str, PodView], ledger: Ledger) -> None:
         for name, pod in live.items():
@@ -590,6 +599,70 @@ class AppController:
         except KubeApiError as error:
             if error.status != 404:  # deleted meanwhile
                 raise
+
+    # Deletion -----------------------------------------------------------------------------
+
+    def tear_down(self, waited: timedelta) -> bool:
+        """The app is being deleted (kopf's finalizer holds it): release every task, then
+        delete the pods. True once done; until then, call again. `waited`: how long the
+        deletion has gone on. The changelogs and the app's topics are kept, so an app
+        re-created under the same name resumes exactly where this one stopped."""
+        body = self._read_app()
+        if body is None:
+            return True
+        pods = observe_pods(self.kube, self.namespace, self.name)
+        live = {name: pod for name, pod in pods.items() if not pod.terminating}
+        if live and not self._released(body, live):
+            if waited < RELEASE_TIMEOUT:
+                return False
+            self.events(
+                "Warning",
+                "ReleaseTimeout",
+                f"the instances did not release their tasks within {RELEASE_TIMEOUT}: deleting "
+                "the pods anyway (each commits its micro-batch in flight on SIGTERM; an "
+                "unfinished one is processed again by the next owner, exactly once)",
+            )
+        for name in sorted(live):
+            self._delete_pod(name)
+        if pods:
+            return False  # the finalizer holds the app until its pods are gone
+        self._forget_instances(body)
+        self.events("Normal", "Released", "every task released and every pod deleted")
+        return True
+
+    def _released(self, body: Mapping[str, Any], live: Mapping[str, PodView]) -> bool:
+        """Give every instance nothing (once); whether none reports a task active any more."""
+        try:
+            app = StreamingApp.model_validate({**body, "status": None})
+            kafka = self._kafka_clients(app)
+            kafka_ledger, assignments = kafka.ledgers.read()
+            ledger = rebuild(None, kafka_ledger, assignments, {})
+            if not holds_nothing(ledger):
+                ledger = release_all(ledger)
+                kafka.ledgers.write(ledger)
+                for instance, assignment in sorted(ledger.assignments.items()):
+                    kafka.writer.write(instance, assignment)
+            statuses = {name: InstanceStatus(ready=pod.ready) for name, pod in live.items()}
+            progress = kafka.reader.read(statuses, max(ledger.tasks, default=-1) + 1)
+        except (ValidationError, KafkaException, MissingSecretError, TimeoutError, RuntimeError):
+            log.exception("could not release the tasks of %s/%s", self.namespace, self.name)
+            return False
+        return all(item.report.role is not ReportedRole.ACTIVE for item in progress.values())
+
+    def _forget_instances(self, body: Mapping[str, Any]) -> None:
+        """Once the pods are gone: no instance is left in the memory or the assignments topic
+        (best effort: an app re-created under the same name treats its pods as new anyway)."""
+        try:
+            app = StreamingApp.model_validate({**body, "status": None})
+            kafka = self._kafka_clients(app)
+            kafka_ledger, assignments = kafka.ledgers.read()
+            ledger = rebuild(None, kafka_ledger, assignments, {})
+            for instance in sorted(assignments):
+                kafka.writer.forget(instance)
+                kafka.reader.forget(instance)
+            kafka.ledgers.write(replace(ledger, assignments={}, joined={}))
+        except (ValidationError, KafkaException, MissingSecretError, TimeoutError, RuntimeError):
+            log.exception("could not clear the instances of %s/%s", self.namespace, self.name)
 
     def close(self) -> None:
         if self._kafka is not None:
