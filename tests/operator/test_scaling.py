@@ -1,7 +1,8 @@
 """Scaling through the operator with real worker pods, in the ways users and failures mix it up:
-scaling again in the middle of a scale, to zero and back, and the operator killed (and its
-status wiped) in the middle of a hand-over. Each ends with the final state exact and no task
-ever reported active by two pods at once.
+scaling again in the middle of a scale, to zero and back, the operator killed (and its status
+wiped) in the middle of a hand-over, an active pod killed, the app deleted mid-scale. Each ends
+with the final state exact and, by the ownership timeline the instances wrote, no task ever
+processed by two instances at once.
 """
 
 import io
@@ -198,4 +199,26 @@ def test_the_app_deleted_mid_scale_releases_its_tasks_and_resumes_exactly_when_r
 
         running.apply(replicas=1)  # re-created: it resumes from the changelogs
         watcher.run_until(lambda: watcher.settled(1), "the re-created app running")
+        assert running.finish(), out.getvalue()
+
+
+def test_an_active_pod_killed_mid_batch_fails_its_tasks_over_at_once_exactly(
+    tmp_path: Path,
+) -> None:
+    out = io.StringIO()
+    with session(options(tmp_path), out) as running:
+        watcher = running.watcher
+        running.apply(replicas=2)
+        watcher.run_until(lambda: watcher.settled(2), "two instances running")
+        running.feed.start()
+        watcher.hold()
+
+        victim = f"{APP_NAME}-1"  # SIGKILL, no chance to release or commit: as a node dies
+        with running.phase("failover"):
+            running.kubectl("delete", "pod", "-n", NAMESPACE, victim, "--grace-period=0", "--force")
+            watcher.run_until(lambda: "warning FailedOver" in out.getvalue(), "the failover")
+            watcher.run_until(lambda: watcher.settled(2), "two instances again")
+            watcher.hold()
+        story = out.getvalue()
+        assert "warning FailedOver" in story.split("--force")[1], "a Warning Event says so"
         assert running.finish(), out.getvalue()

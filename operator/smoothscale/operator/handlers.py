@@ -3,7 +3,7 @@
 - a daemon per StreamingApp runs its `AppController` (reconcile.py): a poll every
   spec.scaling.lagPollInterval while anything moves, every probingInterval otherwise;
 - any change of the app's spec (metadata.generation: `kubectl scale`, `kubectl apply`, an HPA)
-  wakes its loop at once;
+  or of one of its pods (labelled smoothscale.io/app) wakes its loop at once;
 - at start-up: kopf keeps its bookkeeping in annotations (the API server prunes unknown status
   fields), and the metrics server starts.
 
@@ -20,6 +20,7 @@ import kopf
 from smoothscale.api.models import GROUP, PLURAL, VERSION
 from smoothscale.kubeapi import KubeApi
 from smoothscale.operator.metrics import OperatorMetrics
+from smoothscale.operator.pods import APP_LABEL
 from smoothscale.operator.reconcile import AppController
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,15 @@ def wake_on_spec_change(namespace: str | None, name: str, body: kopf.Body, **_: 
         return
     _generations[key] = generation
     wakeup = _wakeups.get(key)
+    if wakeup is not None:
+        wakeup.set()
+
+
+@kopf.on.event("", "v1", "pods", labels={APP_LABEL: kopf.PRESENT})
+def wake_on_pod_change(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
+    """A pod of an app changed (started, ready, killed, deleted): its loop polls at once, so a
+    dead owner's tasks fail over without waiting for the next probing poll."""
+    wakeup = _wakeups.get((namespace or "", labels[APP_LABEL]))
     if wakeup is not None:
         wakeup.set()
 

@@ -215,6 +215,7 @@ class AppController:
         try:
             # Observe the instances' reports, and the memory (read from Kafka when lost).
             config = planner_config(scaling)
+            previous = self.ledger  # before a re-created pod is forgotten: whom a task left
             ledger, rewrite_all = self._memory(kafka, statuses, live, tasks)
             progress = kafka.reader.read(statuses, tasks)
             problems += _report_problems(progress)
@@ -235,7 +236,7 @@ class AppController:
             self.ledger = None  # re-read the memory and rewrite every assignment next time
             return self._degraded(app, generation, now, [_kafka_problem(error), *problems])
 
-        self._announce(ledger, result, progress, now)
+        self._announce(previous or ledger, result, progress, now)
         if _all_active(result.ledger, progress):
             # A drained pod goes only once every task it gave away runs on its new owner.
             for instance in result.drained:
