@@ -222,3 +222,43 @@ def test_an_active_pod_killed_mid_batch_fails_its_tasks_over_at_once_exactly(
         story = out.getvalue()
         assert "warning FailedOver" in story.split("--force")[1], "a Warning Event says so"
         assert running.finish(), out.getvalue()
+
+
+def test_a_warmup_pod_killed_mid_restore_is_replaced_and_warms_up_again(tmp_path: Path) -> None:
+    out = io.StringIO()
+    with session(options(tmp_path, backlog=40_000), out) as running:
+        watcher = running.watcher
+        start_steady(running)
+        running.scale(2)
+        watcher.run_until(lambda: bool(watcher.status.get("warmupReplicas")), "a warm-up")
+        victim = f"{APP_NAME}-1"
+        running.kubectl("delete", "pod", "-n", NAMESPACE, victim, "--grace-period=0", "--force")
+        watcher.run_until(lambda: watcher.settled(2), "the scale-out finished by the new pod")
+        story = out.getvalue().split("--force")[1]
+        assert "warning InstanceReplaced" in story, story
+        assert "counts-1 is now active" in story, "the tasks moved to the new pod by hand-overs"
+        assert running.finish(), out.getvalue()
+
+
+def test_a_source_restarted_in_place_mid_hand_over_still_ends_the_hand_over(
+    tmp_path: Path,
+) -> None:
+    """Issue 9.2 end to end: the container of the owner that is releasing a task is SIGKILLed
+    and restarted in place by the kubelet (same pod, same disk); the task still reaches its
+    new owner, without a timeout."""
+    out = io.StringIO()
+    with session(options(tmp_path), out) as running:
+        watcher = running.watcher
+        start_steady(running)
+        running.scale(2)
+        watcher.run_until(
+            lambda: any(task.get("handover") for task in watcher.status.get("tasks") or []),
+            "a hand-over in flight",
+        )
+        running.kill_container(f"{APP_NAME}-0")
+        watcher.run_until(lambda: watcher.settled(2), "the scale-out")
+        restarts = json.loads(
+            running.kubectl("get", "pod", "-n", NAMESPACE, f"{APP_NAME}-0", "-o", "json")
+        )["status"]["containerStatuses"][0]["restartCount"]
+        assert restarts == 1, "restarted in place, not re-created"
+        assert running.finish(), out.getvalue()

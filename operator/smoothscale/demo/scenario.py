@@ -20,6 +20,7 @@ The story it prints, from the StreamingApp's status and Events:
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -427,6 +428,25 @@ class Session:
         self.operator.kill()
         self.operator = Operator(self.operator.kubeconfig, self.operator.log_path)
         self.watcher.operator = self.operator
+
+    def kill_container(self, pod: str) -> None:
+        """SIGKILL a pod's container, as the OOM killer does: the kubelet restarts it in place
+        (same pod, same disk). Local stack only: it signals the pod's processes directly."""
+        uid = self.kubectl(
+            "get", "pod", "-n", NAMESPACE, pod, "-o", "jsonpath={.metadata.uid}", quiet=True
+        ).strip()
+        groups = set()
+        for environ in Path("/proc").glob("[0-9]*/environ"):
+            try:
+                if f"POD_UID={uid}".encode() in environ.read_bytes().split(b"\0"):
+                    groups.add(os.getpgid(int(environ.parent.name)))
+            except (OSError, ProcessLookupError):
+                continue  # gone meanwhile, or not ours to read
+        if not groups:
+            raise DemoError(f"no process of pod {pod} (uid {uid}) runs on this machine")
+        for group in groups:
+            os.killpg(group, signal.SIGKILL)
+        self.say(f"SIGKILL to the container of {pod} (process groups {sorted(groups)})")
 
     def finish(self) -> bool:
         """Stop the input, wait for the last records, compare with the reference, and check

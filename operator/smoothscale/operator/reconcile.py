@@ -370,7 +370,7 @@ class AppController:
         for name, pod in sorted(live.items()):
             if self._pod_uids.get(name) not in (None, pod.uid):
                 ledger, events = forget(ledger, name)
-                for message in events:
+                for message in events or ["it held no active task; what it warmed up starts over"]:
                     self.events("Warning", "InstanceReplaced", f"{name} was re-created: {message}")
                 rewrite = True
             self._pod_uids[name] = pod.uid
