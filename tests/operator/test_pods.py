@@ -22,7 +22,7 @@ from smoothscale.operator.pods import (
     pod_labels,
     worker_config,
 )
-from smoothscale.runtime.config import WorkerConfig
+from smoothscale.runtime.config import CONFIG_ENV, WorkerConfig
 from smoothscale.tasks import TaskRole
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -344,6 +344,16 @@ def test_instances_of_one_app_listen_on_ports_of_their_own() -> None:
     assert ports == {8080, 8081, 8082, 8083, 8084}
     with pytest.raises(PodSpecError, match="ordinals stop at 57455"):
         build_pod(app(MINIMAL), 57456, OWNER_UID)
+
+
+def test_the_operator_can_move_every_instance_port_to_another_base() -> None:
+    """Two local stacks on one machine share its network: --instance-port keeps them apart."""
+    pod = build_pod(app(MINIMAL), 3, OWNER_UID, base_port=20_000)
+    (port,) = container(pod)["ports"]
+    assert port["containerPort"] == 20_003
+    assert container(pod)["readinessProbe"]["httpGet"]["port"] == port["name"]
+    config = json.loads(next(e["value"] for e in container(pod)["env"] if e["name"] == CONFIG_ENV))
+    assert config["metrics_port"] == 20_003
 
 
 def test_the_template_hash_follows_what_shapes_the_pod_and_nothing_else() -> None:

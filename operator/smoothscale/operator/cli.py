@@ -2,7 +2,8 @@
 
     smoothscale operator --namespace shop [--namespace ...] | --all-namespaces
                          --standalone | --peering NAME [--priority N]
-                         [--liveness URL] [--metrics-port 9090] [--log-level info]
+                         [--liveness URL] [--metrics-port 9090] [--instance-port 8080]
+                         [--log-level info]
 
 It connects to the cluster it runs in (its service account), or to the kubeconfig's current
 context outside a cluster (KUBECONFIG).
@@ -11,6 +12,8 @@ context outside a cluster (KUBECONFIG).
 import argparse
 import logging
 from typing import TYPE_CHECKING
+
+from smoothscale.operator.pods import BASE_PORT
 
 if TYPE_CHECKING:
     from smoothscale.cli import Subparsers
@@ -60,6 +63,13 @@ def register(subparsers: "Subparsers[argparse.ArgumentParser]") -> None:
         default=9090,
         help="Prometheus /metrics port (default 9090; 0 picks a free port)",
     )
+    parser.add_argument(
+        "--instance-port",
+        type=int,
+        default=BASE_PORT,
+        metavar="PORT",
+        help=f"instance n's pod serves /metrics and its probes on PORT + n (default {BASE_PORT})",
+    )
     parser.add_argument("--log-level", default="info", help="debug, info (default), warning, error")
     parser.set_defaults(handler=_run)
 
@@ -87,6 +97,7 @@ def _run(args: argparse.Namespace) -> int:
             clusterwide=bool(args.all_namespaces),
             namespaces=args.namespace or (),
             liveness_endpoint=args.liveness,
+            memo=kopf.Memo(instance_port=args.instance_port),
         )
     finally:
         server.stop()

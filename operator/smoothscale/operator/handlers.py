@@ -71,11 +71,13 @@ def wake_on_pod_change(namespace: str | None, labels: kopf.Labels, **_: Any) -> 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=60)
 def control_loop(
+    *,
     stopped: kopf.DaemonStopped,
     namespace: str | None,
     name: str,
     body: kopf.Body,
     logger: logging.Logger | logging.LoggerAdapter[Any],
+    memo: kopf.Memo,
     **_: Any,
 ) -> None:
     """Run the app's control loop until the app is deleted or the operator stops."""
@@ -87,7 +89,9 @@ def control_loop(
         kopf.event(body, type=type_, reason=reason, message=message)
 
     kube = KubeApi.connect()
-    controller = AppController(kube, namespace, name=name, events=post, metrics=METRICS)
+    controller = AppController(
+        kube, namespace, name=name, events=post, metrics=METRICS, instance_port=memo.instance_port
+    )
     try:
         while not stopped:
             wakeup.clear()
@@ -120,7 +124,12 @@ def _sleep(stopped: kopf.DaemonStopped, wakeup: threading.Event, interval: timed
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 def release_on_delete(
-    namespace: str | None, name: str, body: kopf.Body, runtime: timedelta, **_: Any
+    namespace: str | None,
+    name: str,
+    body: kopf.Body,
+    runtime: timedelta,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
     """Before the app goes (kopf's finalizer holds it): its control loop stops, every task is
     released, then its pods are deleted (`AppController.tear_down`)."""
@@ -134,7 +143,14 @@ def release_on_delete(
         kopf.event(body, type=type_, reason=reason, message=message)
 
     kube = KubeApi.connect()
-    controller = AppController(kube, namespace or "", name=name, events=post, metrics=METRICS)
+    controller = AppController(
+        kube,
+        namespace or "",
+        name=name,
+        events=post,
+        metrics=METRICS,
+        instance_port=memo.instance_port,
+    )
     try:
         done = controller.tear_down(waited=runtime)
     finally:

@@ -9,7 +9,8 @@ emptyDir at the image's home (the Dockerfile's WORKDIR and HOME); the local proc
 gives each container a directory of its own instead, and the same pod runs there unchanged.
 Each instance listens on a port of its own (8080 + ordinal) for the same reason: instances
 that share a network namespace (the process kubelet, where every pod is 127.0.0.1) must not
-collide, and in a cluster the probes and a PodMonitor find it by its name, `http`.
+collide, and in a cluster the probes and a PodMonitor find it by its name, `http`. The base
+is the operator's `--instance-port` (so two local stacks on one machine can keep apart).
 """
 
 import hashlib
@@ -121,13 +122,13 @@ def ordinal_of(name: str) -> int:
     return int(match.group("ordinal"))
 
 
-def instance_port(ordinal: int) -> int:
-    """The port instance `ordinal` serves /metrics, /readyz and /healthz on."""
-    port = BASE_PORT + ordinal
+def instance_port(ordinal: int, base_port: int = BASE_PORT) -> int:
+    """The port instance `ordinal` serves /metrics, /readyz and /healthz on: `base_port` + n."""
+    port = base_port + ordinal
     if port > 65535:
         raise PodSpecError(
-            f"instance ordinal {ordinal} has no port: instance n listens on {BASE_PORT} + n, "
-            f"so ordinals stop at {65535 - BASE_PORT}"
+            f"instance ordinal {ordinal} has no port: instance n listens on {base_port} + n, "
+            f"so ordinals stop at {65535 - base_port}"
         )
     return port
 
@@ -162,7 +163,9 @@ def shutdown_timeout(grace_seconds: int) -> float:
     return max(grace_seconds - SHUTDOWN_MARGIN_SECONDS, grace_seconds / 2, 0.5)
 
 
-def worker_config(app: StreamingApp, instance_name: str) -> WorkerConfig:
+def worker_config(
+    app: StreamingApp, instance_name: str, base_port: int = BASE_PORT
+) -> WorkerConfig:
     """The configuration of one instance, rendered from the app's spec (no secrets in it)."""
     spec = app.spec
     kafka_config = security_settings(spec.kafka.security)
@@ -181,7 +184,7 @@ def worker_config(app: StreamingApp, instance_name: str) -> WorkerConfig:
             "pipeline": spec.pipeline.ref,
             "trigger_interval": spec.pipeline.trigger_interval.total_seconds(),
             "state_dir": STATE_DIR,
-            "metrics_port": instance_port(ordinal_of(instance_name)),
+            "metrics_port": instance_port(ordinal_of(instance_name), base_port),
             "shutdown_timeout": shutdown_timeout(termination_grace_seconds(app)),
         }
     )
@@ -195,14 +198,16 @@ def pod_template_hash(app: StreamingApp) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def build_pod(app: StreamingApp, ordinal: int, owner_uid: str) -> JsonObject:
+def build_pod(
+    app: StreamingApp, ordinal: int, owner_uid: str, base_port: int = BASE_PORT
+) -> JsonObject:
     """The core/v1 Pod of the app's instance `ordinal`, owned by the StreamingApp (`owner_uid`).
 
     It starts with role idle: a new instance holds nothing until the operator assigns it tasks.
     """
     spec = app.spec
     name = instance_name(app.name, ordinal)
-    config = worker_config(app, name)
+    config = worker_config(app, name, base_port)
     pod_spec: JsonObject = {
         "restartPolicy": "Always",
         "terminationGracePeriodSeconds": termination_grace_seconds(app),

@@ -54,6 +54,7 @@ from smoothscale.operator.ledger import LedgerRecord, rebuild
 from smoothscale.operator.metrics import OperatorMetrics, TaskLag
 from smoothscale.operator.observe import PodView, observe_pods, pods_path
 from smoothscale.operator.pods import (
+    BASE_PORT,
     ROLE_LABEL,
     app_selector,
     build_pod,
@@ -135,9 +136,12 @@ class AppController:
         name: str,
         events: EventSink,
         metrics: OperatorMetrics,
+        instance_port: int = BASE_PORT,
         clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self.kube = kube
+        self.instance_port = instance_port
+        """Instance n's pod listens on instance_port + n (the operator's --instance-port)."""
         self.namespace = namespace
         self.name = name
         self.events = events
@@ -386,9 +390,8 @@ class AppController:
             name = instance_name(self.name, ordinal)
             if name in pods:
                 continue  # running, or still terminating: re-created once it is gone
-            created = self.kube.request(
-                "POST", pods_path(self.namespace), body=build_pod(app, ordinal, owner_uid)
-            )
+            pod = build_pod(app, ordinal, owner_uid, self.instance_port)
+            created = self.kube.request("POST", pods_path(self.namespace), body=pod)
             pods[name] = PodView.of(created)
             self.events("Normal", "PodCreated", f"created instance pod {name}")
         return pods
