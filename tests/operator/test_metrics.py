@@ -64,8 +64,8 @@ def test_handover_and_reconcile_durations_are_histograms_and_errors_count_by_rea
     metrics.observe_handover("shop", "counter", 3.2)
     metrics.observe_handover("shop", "counter", 0.7)
     metrics.observe_reconcile("shop", "counter", 0.2)
-    metrics.count_error("shop", "counter", "KafkaUnreachable")
-    metrics.count_error("shop", "counter", "KafkaUnreachable")
+    metrics.count_error("shop", "counter", "KafkaUnavailable")
+    metrics.count_error("shop", "counter", "KafkaUnavailable")
     metrics.count_error("shop", "counter", "TopicMissing")
 
     assert value(metrics, "smoothscale_app_handover_duration_seconds_count", **APP) == 2
@@ -74,7 +74,7 @@ def test_handover_and_reconcile_durations_are_histograms_and_errors_count_by_rea
     assert value(metrics, "smoothscale_app_handover_duration_seconds_bucket", **APP, le="1.0") == 1
     assert value(metrics, "smoothscale_operator_reconcile_duration_seconds_count", **APP) == 1
     errors = "smoothscale_operator_reconcile_errors_total"
-    assert value(metrics, errors, **APP, reason="KafkaUnreachable") == 2
+    assert value(metrics, errors, **APP, reason="KafkaUnavailable") == 2
     assert value(metrics, errors, **APP, reason="TopicMissing") == 1
 
 

@@ -7,6 +7,7 @@ processed by two instances at once.
 
 import io
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -261,4 +262,50 @@ def test_a_source_restarted_in_place_mid_hand_over_still_ends_the_hand_over(
             running.kubectl("get", "pod", "-n", NAMESPACE, f"{APP_NAME}-0", "-o", "json")
         )["status"]["containerStatuses"][0]["restartCount"]
         assert restarts == 1, "restarted in place, not re-created"
+        assert running.finish(), out.getvalue()
+
+
+def pod_uids(running: Session) -> dict[str, str]:
+    listing = json.loads(running.kubectl("get", "-n", NAMESPACE, "pods", "-o", "json", quiet=True))
+    return {pod["metadata"]["name"]: pod["metadata"]["uid"] for pod in listing["items"]}
+
+
+def degraded_by_kafka(running: Session) -> bool:
+    return any(
+        condition.get("type") == "Degraded"
+        and condition.get("status") == "True"
+        and condition.get("reason") == "KafkaUnavailable"
+        for condition in running.watcher.status.get("conditions") or []
+    )
+
+
+def test_kafka_down_mid_hand_over_degrades_the_app_and_it_finishes_once_kafka_is_back(
+    tmp_path: Path,
+) -> None:
+    """The only broker goes down for tens of seconds while a hand-over is in flight: the app
+    says Degraded (KafkaUnavailable), no pod is deleted or re-created meanwhile, and once the
+    broker is back the scale-out finishes, exact, with no two owners at once."""
+    out = io.StringIO()
+    with session(options(tmp_path), out) as running:
+        watcher = running.watcher
+        start_steady(running)
+        running.scale(2)
+        watcher.run_until(
+            lambda: any(task.get("handover") for task in watcher.status.get("tasks") or []),
+            "a hand-over in flight",
+        )
+        before = pod_uids(running)
+        running.kafka.set_broker_down(1)
+        running.say("broker 1 down")
+        down_since = time.monotonic()
+        watcher.run_until(lambda: degraded_by_kafka(running), "the app Degraded by Kafka")
+        while time.monotonic() - down_since < 30:
+            watcher.poll()
+            time.sleep(1)
+        assert pod_uids(running) == before, "no pod churn while Kafka is down"
+        running.kafka.set_broker_up(1)
+        running.say("broker 1 up")
+        watcher.run_until(lambda: watcher.settled(2), "the scale-out once Kafka is back")
+        assert not degraded_by_kafka(running)
+        assert set(pod_uids(running).items()) >= set(before.items()), "the same pods"
         assert running.finish(), out.getvalue()

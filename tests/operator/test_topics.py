@@ -151,5 +151,5 @@ def test_an_unreachable_cluster_is_reported_within_the_timeout(kafka_front: Kafk
     check = manager.ensure(app)
     manager.close()
     assert time.monotonic() - started < 5
-    assert reasons(check) == [("KafkaUnreachable", None)]
+    assert reasons(check) == [("KafkaUnavailable", None)]
     assert "127.0.0.1:1" in check.problems[0].message

@@ -19,20 +19,22 @@ The story it prints, from the StreamingApp's status and Events:
 
 import json
 import os
+import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
@@ -213,6 +215,23 @@ def streaming_app(options: DemoOptions, bootstrap_servers: str) -> dict[str, Any
     }
 
 
+def instance_ports(span: int = 32) -> int:
+    """A base port for the instances (instance n listens on base + n) under which `span` ports
+    are free now: the process kubelet runs every pod on this machine's network, so two stacks
+    side by side (a demo and a test run) must not both use 8080 + n."""
+    for _attempt in range(100):
+        base = random.randrange(10_000, 32_000, span)  # below Linux's ephemeral ports
+        try:
+            with ExitStack() as bound:
+                for port in range(base, base + span):
+                    probe = bound.enter_context(socket.socket())
+                    probe.bind(("", port))
+        except OSError:
+            continue
+        return base
+    raise DemoError(f"found no {span} free ports in a row between 10000 and 32000")
+
+
 class Operator:
     """`smoothscale operator` as a process, serving the demo's namespace."""
 
@@ -231,6 +250,8 @@ class Operator:
                     "--standalone",
                     "--metrics-port",
                     "0",
+                    "--instance-port",
+                    str(instance_ports()),
                 ],
                 env={**os.environ, "KUBECONFIG": str(kubeconfig)},
                 stdout=log,
@@ -345,7 +366,11 @@ class Watcher:
             if instance.get("draining"):
                 text += ", draining"
             parts.append(text)
-        return " | ".join(parts) + f" | input lag {self.input_lag():,}"
+        try:
+            lag = f"{self.input_lag():,}"
+        except KafkaException as error:  # a fault scenario took the brokers down
+            lag = f"unknown ({error.args[0].str()})"
+        return " | ".join(parts) + f" | input lag {lag}"
 
     def run_until(self, done: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + self.options.phase_timeout

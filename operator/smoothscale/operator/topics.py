@@ -32,7 +32,7 @@ class TopicProblem:
 
     reason: str
     """CamelCase: InputTopicMissing, InputTopicsNotCoPartitioned, OutputTopicMissing,
-    ChangelogPartitionsMismatch, ChangelogRetention, KafkaUnreachable, TopicCreationFailed."""
+    ChangelogPartitionsMismatch, ChangelogRetention, KafkaUnavailable, TopicCreationFailed."""
     topic: str | None
     message: str
     """What is wrong and what to do, naming the topic."""
@@ -71,7 +71,7 @@ class TopicManager:
 
     def ensure(self, app: StreamingApp) -> TopicCheck:
         """Create the app's missing owned topics and check all of them; idempotent. Kafka
-        trouble comes back as a problem (KafkaUnreachable, TopicCreationFailed), never raised."""
+        trouble comes back as a problem (KafkaUnavailable, TopicCreationFailed), never raised."""
         admin = self._client()
         try:
             metadata = admin.list_topics(timeout=self._timeout)
@@ -216,7 +216,7 @@ class TopicManager:
 
     def _unreachable(self, error: object) -> TopicProblem:
         return TopicProblem(
-            "KafkaUnreachable",
+            "KafkaUnavailable",
             None,
             f"cannot reach the Kafka cluster at {self._bootstrap} ({error}): check "
             "spec.kafka.bootstrapServers and the network between the operator and the brokers",

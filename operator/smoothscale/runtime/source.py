@@ -36,6 +36,7 @@ state, and the plan, written from that state, is the only source of start offset
 """
 
 import json
+import logging
 import os
 import tempfile
 import time
@@ -51,6 +52,7 @@ from pyspark.sql.datasource import (
 )
 
 if TYPE_CHECKING:
+    import confluent_kafka
     import confluent_kafka.admin
     import pyarrow
     from pyspark.sql import SparkSession
@@ -73,6 +75,8 @@ ARROW_CHUNK_RECORDS = 8192
 """Records per Arrow record batch handed to Spark."""
 _POLL_SECONDS = 0.2
 _METADATA_TIMEOUT_SECONDS = 10.0
+
+log = logging.getLogger(__name__)
 
 
 class SourceError(RuntimeError):
@@ -301,7 +305,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         for name in names:
             seen = {"start": plan.partitions[name], "activation": plan.activation(name)}
             begin = _range_start(name, seen, start)
-            end = max(begin, ends[name])
+            end = max(begin, ends.get(name, begin))
             if cap is not None:
                 end = min(end, begin + cap)
             latest[name] = {"next": end, **seen}
@@ -344,7 +348,11 @@ class KafkaStreamReader(DataSourceStreamReader):
     def _end_offsets(self, names: Sequence[TopicPartitionName]) -> dict[TopicPartitionName, int]:
         """Each partition's last stable offset now: the end of what read_committed can read.
 
-        One ListOffsets request per broker, whatever the number of partitions.
+        One ListOffsets request per broker, whatever the number of partitions. A partition
+        whose broker does not answer (down, unreachable, timed out) is left out: the batch
+        reads nothing new from it, and the query keeps running until the broker is back,
+        instead of failing and restarting the instance for an outage that heals by itself.
+        A partition that does not exist fails the query with an error that says so.
         """
         from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
         from confluent_kafka.admin import AdminClient
@@ -367,11 +375,39 @@ class KafkaStreamReader(DataSourceStreamReader):
             try:
                 ends[name] = future.result().offset
             except KafkaException as error:
+                if self._exists(topic_partition):
+                    log.warning(
+                        "no end offset for %s from %s (%s): nothing new from it in this "
+                        "micro-batch",
+                        name,
+                        self.options.bootstrap_servers,
+                        error.args[0],
+                    )
+                    continue
                 raise SourceError(
                     f"cannot find the end offset of {name} on {self.options.bootstrap_servers}: "
-                    f"{error.args[0]} (does the partition exist?)"
+                    f"the partition does not exist ({error.args[0]})"
                 ) from error
         return ends
+
+    def _exists(self, topic_partition: "confluent_kafka.TopicPartition") -> bool:
+        """Whether the cluster's metadata has this partition; True when the cluster does not
+        answer (then it is unavailable for now, not missing)."""
+        from confluent_kafka import KafkaError, KafkaException
+
+        assert self._admin is not None
+        try:
+            metadata = self._admin.list_topics(
+                topic_partition.topic, timeout=_METADATA_TIMEOUT_SECONDS
+            )
+        except KafkaException:
+            return True
+        topic = metadata.topics.get(topic_partition.topic)
+        if topic is None:
+            return False
+        if topic.error is not None:
+            return bool(topic.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART)
+        return topic_partition.partition in topic.partitions
 
 
 def _range_start(

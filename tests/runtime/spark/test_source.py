@@ -191,3 +191,32 @@ def test_a_plan_outside_the_source_topics_fails_the_query_with_a_clear_error(
 
     with pytest.raises(Exception, match="outside the source's topics"):
         stream.drain()
+
+
+def test_a_kafka_outage_pauses_the_query_and_it_reads_on_once_the_brokers_are_back(
+    spark: SparkSession, kafka_cluster: EmbeddedKafka, tmp_path: Path
+) -> None:
+    """Brokers down for longer than a metadata request may take: the micro-batches read
+    nothing new meanwhile, the query stays up (no instance restart), and once the brokers are
+    back it reads every record exactly once."""
+    name = unique("input")
+    kafka_cluster.create_topic(name, 3)
+    produce(kafka_cluster, name, [(p, b"k", f"before-{p}".encode()) for p in range(3)])
+    write_plan(tmp_path / "plan.json", {(name, p): 0 for p in range(3)}, version=1)
+    stream = CollectingStream(
+        spark, kafka_cluster, [name], tmp_path / "plan.json", tmp_path / "checkpoint"
+    )
+    try:
+        assert len(stream.drain_rows()) == 3
+        brokers = range(1, kafka_cluster.brokers + 1)
+        for broker in brokers:
+            kafka_cluster.set_broker_down(broker)
+        time.sleep(25)  # more than the source's 10 s metadata timeout, twice
+        assert stream.query.isActive, f"the query failed: {stream.query.exception()}"
+        for broker in brokers:
+            kafka_cluster.set_broker_up(broker)
+        produce(kafka_cluster, name, [(p, b"k", f"after-{p}".encode()) for p in range(3)])
+        rows = stream.drain_rows()
+        assert sorted(row["value"] for row in rows) == [b"after-0", b"after-1", b"after-2"]
+    finally:
+        stream.stop()
