@@ -116,6 +116,31 @@ def test_restart_policy_always_restarts_a_crashing_container_and_counts(
     assert snapshot.last_termination.reason == "Error"
 
 
+def test_a_failed_run_leaves_the_end_of_its_log_as_its_message_when_asked(
+    runner: ProcessRunner,
+) -> None:
+    """terminationMessagePolicy FallbackToLogsOnError, as a kubelet does it: at most 80 lines
+    and 2 KiB of the end of the log, and only for a run that failed."""
+    code = "print('\\n'.join(f'line {i}' for i in range(200))); raise SystemExit('it broke')"
+    runner.start(
+        PodProcessSpec(
+            key="default_app-0",
+            containers=(
+                ContainerSpec("main", python(code), process_environment({}), message_from_log=True),
+            ),
+            restart_policy=RestartPolicy.NEVER,
+        )
+    )
+    wait_until(lambda: runner.snapshot("default_app-0")[0].final, what="the failed run")
+    termination = runner.snapshot("default_app-0")[0].termination
+    assert termination is not None
+    assert termination.message is not None
+    lines = termination.message.splitlines()
+    assert lines[-1] == "it broke"
+    assert len(lines) == 80
+    assert lines[0] == "line 121"
+
+
 def test_restart_policy_never_leaves_a_failed_container_terminated(
     runner: ProcessRunner,
 ) -> None:

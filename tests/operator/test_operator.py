@@ -164,6 +164,36 @@ def test_a_missing_input_topic_is_degraded_with_an_event_and_no_pod_until_it_exi
     assert {"TopicCreated", "PodCreated"} <= created, created
 
 
+def test_a_pipeline_that_cannot_be_imported_is_degraded_with_the_reason_not_a_silent_crash_loop(
+    local_cluster: StackInfo, namespace: str, operator: Path
+) -> None:
+    kubectl = Kubectl(kubectl_binary(), local_cluster.kubeconfig)
+    name = "typo"
+    bootstrap = local_cluster.kafka_bootstrap
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for topic in (f"{name}-in", f"{name}-out"):
+        admin.create_topics([NewTopic(topic, 2)])[topic].result(30)
+    manifest = app_manifest(
+        namespace, name, bootstrap, pipeline={"ref": "examples.pipelines.runing_count:pipeline"}
+    )
+    kubectl.ok("apply", "-f", "-", stdin=manifest)
+
+    degraded = eventually(
+        lambda: (
+            (c := condition(status_of(kubectl, namespace, name), "Degraded"))
+            and c.get("reason") == "InstanceCrashing"
+            and c
+        ),
+        "the Degraded condition naming the crash",
+        timeout=120,
+    )
+    assert f"pod {name}-0 keeps failing" in degraded["message"], degraded
+    assert "runing_count" in degraded["message"], "the reason, from the end of the pod's log"
+    warnings = [e for e in events(kubectl, namespace) if e.get("reason") == "InstanceCrashing"]
+    assert warnings, "a Warning Event"
+    assert warnings[0]["type"] == "Warning", warnings
+
+
 def test_replicas_above_the_task_count_are_capped_and_the_status_says_so(
     local_cluster: StackInfo, namespace: str, operator: Path
 ) -> None:

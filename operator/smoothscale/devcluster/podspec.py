@@ -236,6 +236,8 @@ def process_spec(
                 env=process_environment(env, base_env),
                 readiness_probe=probe_of(container, container.get("readinessProbe")),
                 liveness_probe=probe_of(container, container.get("livenessProbe")),
+                message_from_log=container.get("terminationMessagePolicy")
+                == "FallbackToLogsOnError",
             )
         )
     if not containers:

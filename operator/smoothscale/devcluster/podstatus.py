@@ -34,6 +34,8 @@ def _terminated(termination: Termination) -> JsonObject:
     }
     if termination.signal is not None:
         state["signal"] = termination.signal
+    if termination.message:
+        state["message"] = termination.message
     return {"terminated": state}
 
 

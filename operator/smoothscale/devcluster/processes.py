@@ -60,6 +60,14 @@ class ContainerSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     readiness_probe: Probe | None = None
     liveness_probe: Probe | None = None
+    message_from_log: bool = False
+    """terminationMessagePolicy FallbackToLogsOnError: a failed run's termination message is
+    the tail of its log (the process kubelet has no termination-log file)."""
+
+
+TERMINATION_MESSAGE_BYTES = 2048
+"""Kubernetes keeps at most this much of a log as a termination message (and 80 lines)."""
+TERMINATION_MESSAGE_LINES = 80
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,7 @@ class Termination:
     started_at: datetime
     finished_at: datetime
     signal: int | None = None
+    message: str | None = None
 
 
 class ContainerPhase(enum.Enum):
@@ -140,6 +149,19 @@ def _termination_of(exit_status: int, started_at: datetime, by_kubelet: bool) ->
         return Termination(128 + signum, reason, started_at, finished_at, signal=signum)
     reason = "Completed" if exit_status == 0 else "Error"
     return Termination(exit_status, reason, started_at, finished_at)
+
+
+def _log_tail(path: Path) -> str:
+    """The end of a container's log, as Kubernetes takes it for a termination message."""
+    try:
+        with path.open("rb") as log:
+            log.seek(0, os.SEEK_END)
+            log.seek(max(0, log.tell() - TERMINATION_MESSAGE_BYTES))
+            tail = log.read()
+    except OSError:
+        return ""
+    lines = tail.decode("utf-8", "replace").splitlines()[-TERMINATION_MESSAGE_LINES:]
+    return "\n".join(lines)
 
 
 class _Container:
@@ -210,6 +232,8 @@ class _Container:
                 killed_by_kubelet = self._killed_by_kubelet
                 self._killed_by_kubelet = False
             termination = _termination_of(exit_status, started_at, killed_by_kubelet)
+            if self.spec.message_from_log and termination.exit_code != 0:
+                termination = replace(termination, message=_log_tail(self.log_path))
             stopping = self._stopping.is_set()
             final = stopping or not self._pod.restart_policy.restarts(termination.exit_code)
             ran_for = (termination.finished_at - started_at).total_seconds()

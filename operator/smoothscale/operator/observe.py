@@ -28,6 +28,9 @@ class PodView:
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     restarts: int = 0
+    crash: str | None = None
+    """Why its container keeps failing, when it waits to be restarted (CrashLoopBackOff): the
+    exit code and the last line of the termination message; None while it starts or runs."""
 
     @classmethod
     def of(cls, pod: JsonObject) -> "PodView":
@@ -46,7 +49,21 @@ class PodView:
             labels=dict(meta.get("labels") or {}),
             annotations=dict(meta.get("annotations") or {}),
             restarts=restarts,
+            crash=_crash(status),
         )
+
+
+def _crash(status: JsonObject) -> str | None:
+    for container in status.get("containerStatuses") or []:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") != "CrashLoopBackOff":
+            continue
+        ended = (container.get("lastState") or {}).get("terminated") or {}
+        text = f"its container {container.get('name')} exited with code {ended.get('exitCode')}"
+        lines = [line.strip() for line in str(ended.get("message") or "").splitlines()]
+        last = next((line for line in reversed(lines) if line), None)
+        return f"{text}: {last}" if last else text
+    return None
 
 
 def _ordinal(name: str) -> int | None:

@@ -263,6 +263,9 @@ def _container(app: StreamingApp, config: WorkerConfig) -> JsonObject:
         "workingDir": IMAGE_HOME,
         "ports": [{"name": PORT_NAME, "containerPort": config.metrics_port, "protocol": "TCP"}],
         "env": _env(app, config),
+        # A worker that fails before it can say why (a pipeline that does not import) still
+        # leaves the end of its log as the reason, for the operator and `kubectl describe`.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "startupProbe": _probe(
             "/readyz", STARTUP_PERIOD_SECONDS, failure_threshold=STARTUP_FAILURE_THRESHOLD
         ),

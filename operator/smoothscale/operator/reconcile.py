@@ -213,6 +213,7 @@ class AppController:
         pods = observe_pods(self.kube, self.namespace, self.name)
         pods = self._create_missing_pods(app, desired, pods)
         live = {name: pod for name, pod in pods.items() if not pod.terminating}
+        problems += _crash_problems(self.namespace, live)
         statuses = self._instance_statuses(live, desired, scaling, now)
         self._track_scaling(desired, now)
 
@@ -694,6 +695,18 @@ def _kafka_problem(error: BaseException) -> Problem:
         f"Kafka did not answer: {error}. Nothing moves until it does (pods are left as they "
         "are); check spec.kafka.bootstrapServers, the brokers and the credentials",
     )
+
+
+def _crash_problems(namespace: str, live: Mapping[str, PodView]) -> list[Problem]:
+    return [
+        Problem(
+            "InstanceCrashing",
+            f"pod {name} keeps failing: {pod.crash}. See `kubectl logs -n {namespace} {name} "
+            "--previous`, and check spec.pipeline.ref, spec.image and spec.env",
+        )
+        for name, pod in sorted(live.items())
+        if pod.crash is not None
+    ]
 
 
 def _topic_problems(check: TopicCheck) -> list[Problem]:
