@@ -309,3 +309,61 @@ def test_kafka_down_mid_hand_over_degrades_the_app_and_it_finishes_once_kafka_is
         assert not degraded_by_kafka(running)
         assert set(pod_uids(running).items()) >= set(before.items()), "the same pods"
         assert running.finish(), out.getvalue()
+
+
+def template_hashes(running: Session) -> dict[str, str]:
+    listing = json.loads(running.kubectl("get", "-n", NAMESPACE, "pods", "-o", "json", quiet=True))
+    return {
+        pod["metadata"]["name"]: pod["metadata"]["annotations"]["smoothscale.io/pod-template-hash"]
+        for pod in listing["items"]
+        if not pod["metadata"].get("deletionTimestamp")
+    }
+
+
+def test_a_changed_pod_template_rolls_the_pods_one_at_a_time_through_warm_ups(
+    tmp_path: Path,
+) -> None:
+    """A change of env (as of image or pipeline) replaces every pod, one at a time: a surge
+    pod starts first, the outdated pod's tasks warm up and move once caught up, then it is
+    drained, deleted and re-created; never more than one pod over, exact, no two owners."""
+    out = io.StringIO()
+    with session(options(tmp_path), out) as running:
+        watcher = running.watcher
+        running.apply(replicas=2)
+        watcher.run_until(lambda: watcher.settled(2), "two instances running")
+        running.feed.start()
+        watcher.hold()
+        before = pod_uids(running)
+        (old_hash,) = set(template_hashes(running).values())
+        most = 0
+
+        def rolled() -> bool:
+            nonlocal most
+            most = max(most, len(pod_uids(running)))
+            hashes = template_hashes(running)
+            return (
+                watcher.settled(2)
+                and len(hashes) == 2
+                and old_hash not in hashes.values()
+                and "event RolledOut" in out.getvalue()
+            )
+
+        with running.phase("rolling update"):
+            patch = {"spec": {"env": [{"name": "ROLLOUT", "value": "2"}]}}
+            running.kubectl(
+                "patch", "-n", NAMESPACE, "streamingapp", APP_NAME,
+                "--type", "merge", "-p", json.dumps(patch),
+            )  # fmt: skip
+            watcher.run_until(rolled, "the rolling update")
+            watcher.hold()
+        story = out.getvalue()
+        after = pod_uids(running)
+        assert sorted(after) == sorted(before), "the same names"
+        assert not set(after.values()) & set(before.values()), "every pod replaced"
+        assert most <= 3, "one surge pod at most"
+        assert story.count("event RollingUpdate") == 2, story
+        surge_created = story.index(f"created instance pod {APP_NAME}-2")
+        first_drained = story.index("event Drained")
+        assert surge_created < first_drained, "the new pod comes before an old one goes"
+        assert "warning " not in story.split("--type")[1], "a planned roll warns of nothing"
+        assert running.finish(), out.getvalue()

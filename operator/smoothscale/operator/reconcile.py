@@ -56,10 +56,12 @@ from smoothscale.operator.observe import PodView, observe_pods, pods_path
 from smoothscale.operator.pods import (
     BASE_PORT,
     ROLE_LABEL,
+    TEMPLATE_HASH_ANNOTATION,
     app_selector,
     build_pod,
     instance_name,
     instance_role,
+    pod_template_hash,
 )
 from smoothscale.operator.status import Problem, Snapshot, app_status, busy
 from smoothscale.operator.topics import TopicCheck, TopicManager
@@ -153,9 +155,13 @@ class AppController:
         self._pod_uids: dict[str, str] = {}
         self._draining_since: dict[str, datetime] = {}
         self._forced: set[str] = set()
+        self._deleted: set[str] = set()
+        """Pods it deleted once drained: one re-created under the same name is no surprise."""
         self._handovers: dict[TaskId, _HandOverClock] = {}
         self._scaling: ScalingSummary | None = None
         self._desired: int | None = None
+        self._rolling = False
+        """A rolling update was seen under way (for the RolledOut Event)."""
         self._problems: tuple[Problem, ...] = ()
         self._previous: StreamingAppStatus | None = None
 
@@ -211,10 +217,11 @@ class AppController:
         # Observe the pods; create the missing ones first: a pod is an instance from the
         # moment it exists, so its warm-ups start while its Spark session starts.
         pods = observe_pods(self.kube, self.namespace, self.name)
-        pods = self._create_missing_pods(app, desired, pods)
+        roll = self._roll(app, desired, pods)
+        pods = self._create_missing_pods(app, desired + (1 if roll.surge else 0), pods)
         live = {name: pod for name, pod in pods.items() if not pod.terminating}
         problems += _crash_problems(self.namespace, live)
-        statuses = self._instance_statuses(live, desired, scaling, now)
+        statuses = self._instance_statuses(live, desired, scaling, now, roll)
         self._track_scaling(desired, now)
 
         try:
@@ -326,17 +333,65 @@ class AppController:
         encoded = (secret.get("data") or {}).get(key)
         return None if encoded is None else base64.b64decode(encoded).decode()
 
+    def _roll(self, app: StreamingApp, desired: int, pods: Mapping[str, PodView]) -> "_Roll":
+        """The rolling update, derived from the pods alone (so it survives an operator restart
+        or a lost status): while a pod among the desired ones runs an older pod template, one
+        surge instance (ordinal `desired`) runs beside them, and once every pod is ready and
+        none drains, the highest outdated one drains: its tasks warm up elsewhere (the surge
+        first, as it holds least) and move once caught up; the drained pod is deleted and
+        re-created from the current template. One pod at a time."""
+        template = pod_template_hash(app)
+        outdated = sorted(
+            (pod.ordinal, name)
+            for name, pod in pods.items()
+            if pod.ordinal is not None
+            and pod.ordinal < desired
+            and not pod.terminating
+            and pod.annotations.get(TEMPLATE_HASH_ANNOTATION) != template
+        )
+        if not outdated:
+            if self._rolling:
+                self._rolling = False
+                self.events("Normal", "RolledOut", "every instance runs the current pod template")
+            return _Roll(surge=False, replacing=None)
+        self._rolling = True
+        _, target = outdated[-1]
+        if target in self._draining_since:
+            return _Roll(surge=True, replacing=target)  # under way
+        surge = instance_name(self.name, desired)
+        calm = (
+            surge in pods
+            and all(pod.ready and not pod.terminating for pod in pods.values())
+            and not self._draining_since
+        )
+        if not calm:
+            return _Roll(surge=True, replacing=None)
+        self.events(
+            "Normal",
+            "RollingUpdate",
+            f"replacing {target} (its pod template is out of date, {len(outdated)} to go): "
+            f"its tasks warm up on the others and move once caught up, then it is re-created",
+        )
+        return _Roll(surge=True, replacing=target)
+
     def _instance_statuses(
-        self, live: Mapping[str, PodView], desired: int, scaling: ScalingSpec, now: datetime
+        self,
+        live: Mapping[str, PodView],
+        desired: int,
+        scaling: ScalingSpec,
+        now: datetime,
+        roll: "_Roll",
     ) -> dict[str, InstanceStatus]:
         """Every live pod is an instance; those beyond the desired count drain (highest
-        ordinals first: the scale-in choice is deterministic)."""
+        ordinals first: the scale-in choice is deterministic), except the surge instance of a
+        rolling update, and so does the pod the rolling update replaces."""
+        instances = desired + (1 if roll.surge else 0)
         for name in set(self._draining_since) - set(live):
             del self._draining_since[name]
             self._forced.discard(name)
         statuses = {}
         for name, pod in sorted(live.items()):
-            draining = pod.ordinal is None or pod.ordinal >= desired
+            draining = pod.ordinal is None or pod.ordinal >= instances or name == roll.replacing
             if not draining:
                 self._draining_since.pop(name, None)
                 self._forced.discard(name)
@@ -375,9 +430,15 @@ class AppController:
         for name, pod in sorted(live.items()):
             if self._pod_uids.get(name) not in (None, pod.uid):
                 ledger, events = forget(ledger, name)
-                for message in events or ["it held no active task; what it warmed up starts over"]:
-                    self.events("Warning", "InstanceReplaced", f"{name} was re-created: {message}")
+                if name not in self._deleted:  # not one it drained and deleted itself
+                    for message in events or [
+                        "it held no active task; what it warmed up starts over"
+                    ]:
+                        self.events(
+                            "Warning", "InstanceReplaced", f"{name} was re-created: {message}"
+                        )
                 rewrite = True
+            self._deleted.discard(name)
             self._pod_uids[name] = pod.uid
         return ledger, rewrite
 
@@ -399,6 +460,7 @@ class AppController:
 
     def _delete_drained(self, instance: str) -> None:
         self._delete_pod(instance)
+        self._deleted.add(instance)
         self.events("Normal", "Drained", f"{instance} holds no task any more: deleted its pod")
 
     def _delete_pod(self, name: str) -> None:
@@ -674,6 +736,16 @@ class AppController:
             self._kafka.close()
             self._kafka = None
         self.metrics.forget_app(self.namespace, self.name)
+
+
+@dataclass(frozen=True)
+class _Roll:
+    """What a rolling update asks of this poll."""
+
+    surge: bool
+    """One instance more than desired runs (created if missing, never drained meanwhile)."""
+    replacing: str | None
+    """The out-of-date pod that drains now, if any."""
 
 
 def replace_scaling(summary: ScalingSummary, **changes: Any) -> ScalingSummary:
