@@ -20,6 +20,7 @@ from smoothscale.demo.scenario import (
     NAMESPACE,
     STORE,
     DemoOptions,
+    Operator,
     Session,
     session,
 )
@@ -366,4 +367,48 @@ def test_a_changed_pod_template_rolls_the_pods_one_at_a_time_through_warm_ups(
         first_drained = story.index("event Drained")
         assert surge_created < first_drained, "the new pod comes before an old one goes"
         assert "warning " not in story.split("--type")[1], "a planned roll warns of nothing"
+        assert running.finish(), out.getvalue()
+
+
+def peered(priority: int) -> tuple[str, ...]:
+    return ("--peering", "smoothscale", "--priority", str(priority))
+
+
+def test_two_operator_replicas_the_leader_killed_mid_hand_over_the_other_finishes_it(
+    tmp_path: Path,
+) -> None:
+    """Two peered operators (kopf peering, as the chart runs replicas > 1): only the leader
+    acts; SIGKILLed in the middle of a hand-over, the other takes over once the leader's
+    keepalive runs out and finishes the scale-out, exact, no two owners."""
+    out = io.StringIO()
+    with session(options(tmp_path), out) as running:
+        watcher = running.watcher
+        running.operator.stop()
+        running.apply(replicas=1)
+        peering = {
+            "apiVersion": "kopf.dev/v1",
+            "kind": "KopfPeering",
+            "metadata": {"name": "smoothscale", "namespace": NAMESPACE},
+        }
+        running.kubectl("apply", "-f", "-", stdin=json.dumps(peering))
+        kubeconfig = running.operator.kubeconfig
+        leader = Operator(kubeconfig, tmp_path / "leader.log", peered(priority=20))
+        spare = Operator(kubeconfig, tmp_path / "spare.log", peered(priority=10))
+        running.operator = watcher.operator = leader
+        try:
+            watcher.run_until(lambda: watcher.settled(1), "the first instance running")
+            assert "control loop starts" not in (tmp_path / "spare.log").read_text()
+            running.feed.start()
+            running.scale(2)
+            watcher.run_until(
+                lambda: any(task.get("handover") for task in watcher.status.get("tasks") or []),
+                "a hand-over in flight",
+            )
+            leader.kill()
+            running.say("SIGKILL to the leading operator")
+            running.operator = watcher.operator = spare
+            watcher.run_until(lambda: watcher.settled(2), "the scale-out, by the spare")
+            assert "control loop starts" in (tmp_path / "spare.log").read_text()
+        finally:
+            leader.stop()
         assert running.finish(), out.getvalue()

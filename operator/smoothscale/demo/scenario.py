@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -235,7 +235,10 @@ def instance_ports(span: int = 32) -> int:
 class Operator:
     """`smoothscale operator` as a process, serving the demo's namespace."""
 
-    def __init__(self, kubeconfig: Path, log_path: Path) -> None:
+    def __init__(
+        self, kubeconfig: Path, log_path: Path, mode: Sequence[str] = ("--standalone",)
+    ) -> None:
+        """`mode`: --standalone, or --peering NAME [--priority N] for one of several."""
         self.kubeconfig = kubeconfig
         self.log_path = log_path
         with log_path.open("ab") as log:
@@ -247,7 +250,7 @@ class Operator:
                     "operator",
                     "--namespace",
                     NAMESPACE,
-                    "--standalone",
+                    *mode,
                     "--metrics-port",
                     "0",
                     "--instance-port",
