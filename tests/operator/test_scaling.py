@@ -7,6 +7,7 @@ processed by two instances at once.
 
 import io
 import json
+import signal
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -257,7 +258,7 @@ def test_a_source_restarted_in_place_mid_hand_over_still_ends_the_hand_over(
             lambda: any(task.get("handover") for task in watcher.status.get("tasks") or []),
             "a hand-over in flight",
         )
-        running.kill_container(f"{APP_NAME}-0")
+        running.signal_container(f"{APP_NAME}-0", signal.SIGKILL)
         watcher.run_until(lambda: watcher.settled(2), "the scale-out")
         restarts = json.loads(
             running.kubectl("get", "pod", "-n", NAMESPACE, f"{APP_NAME}-0", "-o", "json")
@@ -350,10 +351,11 @@ def test_a_changed_pod_template_rolls_the_pods_one_at_a_time_through_warm_ups(
             )
 
         with running.phase("rolling update"):
-            patch = {"spec": {"env": [{"name": "ROLLOUT", "value": "2"}]}}
+            variable = {"name": "ROLLOUT", "value": "2"}
+            patch = [{"op": "add", "path": "/spec/env/-", "value": variable}]
             running.kubectl(
                 "patch", "-n", NAMESPACE, "streamingapp", APP_NAME,
-                "--type", "merge", "-p", json.dumps(patch),
+                "--type", "json", "-p", json.dumps(patch),
             )  # fmt: skip
             watcher.run_until(rolled, "the rolling update")
             watcher.hold()
@@ -411,4 +413,35 @@ def test_two_operator_replicas_the_leader_killed_mid_hand_over_the_other_finishe
             assert "control loop starts" in (tmp_path / "spare.log").read_text()
         finally:
             leader.stop()
+        assert running.finish(), out.getvalue()
+
+
+def test_a_warmup_pod_that_hangs_gets_nothing_and_a_condition_says_why(tmp_path: Path) -> None:
+    """The new pod is frozen (SIGSTOP: hung, or starved of CPU) while it warms up: no task
+    moves to it on the word of its last report, its owner keeps processing, and the app is
+    Degraded with InstanceNotReporting; thawed, it catches up and the scale-out finishes."""
+    out = io.StringIO()
+    with session(options(tmp_path, backlog=40_000), out) as running:
+        watcher = running.watcher
+        start_steady(running)
+        running.scale(2)
+        watcher.run_until(
+            lambda: len(pod_uids(running)) == 2 and "WarmupStarted" in out.getvalue(),
+            "the new pod warming up",
+        )
+        frozen = f"{APP_NAME}-1"
+        running.signal_container(frozen, signal.SIGSTOP)
+        try:
+            watcher.run_until(
+                lambda: any(
+                    c.get("reason") == "InstanceNotReporting" and c.get("status") == "True"
+                    for c in watcher.status.get("conditions") or []
+                ),
+                "the InstanceNotReporting condition",
+            )
+            assert f"{frozen} is now active" not in out.getvalue(), "nothing moved to it"
+        finally:
+            running.signal_container(frozen, signal.SIGCONT)
+        watcher.run_until(lambda: watcher.settled(2), "the scale-out once it is back")
+        assert f"warning InstanceNotReporting: {frozen}" in out.getvalue()
         assert running.finish(), out.getvalue()

@@ -457,9 +457,10 @@ class Session:
         self.operator = Operator(self.operator.kubeconfig, self.operator.log_path)
         self.watcher.operator = self.operator
 
-    def kill_container(self, pod: str) -> None:
-        """SIGKILL a pod's container, as the OOM killer does: the kubelet restarts it in place
-        (same pod, same disk). Local stack only: it signals the pod's processes directly."""
+    def signal_container(self, pod: str, signum: signal.Signals) -> None:
+        """Signal every process of a pod's container: SIGKILL as the OOM killer does (the
+        kubelet restarts it in place: same pod, same disk), SIGSTOP and SIGCONT to starve it
+        of CPU and give it back. Local stack only: it signals the pod's processes directly."""
         uid = self.kubectl(
             "get", "pod", "-n", NAMESPACE, pod, "-o", "jsonpath={.metadata.uid}", quiet=True
         ).strip()
@@ -473,8 +474,8 @@ class Session:
         if not groups:
             raise DemoError(f"no process of pod {pod} (uid {uid}) runs on this machine")
         for group in groups:
-            os.killpg(group, signal.SIGKILL)
-        self.say(f"SIGKILL to the container of {pod} (process groups {sorted(groups)})")
+            os.killpg(group, signum)
+        self.say(f"{signum.name} to the container of {pod} (process groups {sorted(groups)})")
 
     def finish(self) -> bool:
         """Stop the input, wait for the last records, compare with the reference, and check

@@ -39,6 +39,7 @@ from smoothscale.kafka import names
 from smoothscale.kafka.assignments import AssignmentWriter, describe
 from smoothscale.kafka.progress import ProgressReader, ReportedRole, TaskProgress
 from smoothscale.kubeapi import MERGE_PATCH, KubeApi, KubeApiError
+from smoothscale.operator.catchup import CatchUpWatch, Heartbeats, Stalled
 from smoothscale.operator.handover import (
     InstanceStatus,
     Ledger,
@@ -160,6 +161,8 @@ class AppController:
         self._handovers: dict[TaskId, _HandOverClock] = {}
         self._scaling: ScalingSummary | None = None
         self._desired: int | None = None
+        self._catch_up = CatchUpWatch()
+        self._heartbeats = Heartbeats()
         self._rolling = False
         """A rolling update was seen under way (for the RolledOut Event)."""
         self._problems: tuple[Problem, ...] = ()
@@ -230,7 +233,15 @@ class AppController:
             previous = self.ledger  # before a re-created pod is forgotten: whom a task left
             ledger, rewrite_all = self._memory(kafka, statuses, live, tasks)
             progress = kafka.reader.read(statuses, tasks)
+            holding = [name for name, held in ledger.assignments.items() if held.tasks]
+            silent = self._heartbeats.silent(holding, progress, _silence(scaling), now)
+            progress = _without_stale_restores(progress, silent)
+            problems += _silence_problems(silent, _silence(scaling))
             problems += _report_problems(progress)
+            stalled = self._catch_up.observe(
+                progress, scaling.acceptable_recovery_lag, scaling.probing_interval, now
+            )
+            problems += _stalled_problems(stalled, ledger)
 
             # Plan one safe step.
             result = step(ledger, Observation(statuses, progress), tasks, config)
@@ -798,6 +809,56 @@ def _all_active(ledger: Ledger, progress: Mapping[tuple[str, TaskId], TaskProgre
         if report.report.epoch < owner.epoch:
             return False
     return True
+
+
+SILENCE_MINIMUM = timedelta(seconds=30)
+"""Instances report every second; one silent this long (and 3 lag polls) is hung or starved."""
+
+
+def _silence(scaling: ScalingSpec) -> timedelta:
+    return max(SILENCE_MINIMUM, 3 * scaling.lag_poll_interval)
+
+
+def _without_stale_restores(
+    progress: Mapping[tuple[str, TaskId], TaskProgress], silent: set[str]
+) -> dict[tuple[str, TaskId], TaskProgress]:
+    """A silent instance's warm-up and standby reports say nothing about now: a task is never
+    handed to it on their word. Its other reports (active, released) stay: they are facts."""
+    restoring = (ReportedRole.WARMUP, ReportedRole.STANDBY)
+    return {
+        key: item
+        for key, item in progress.items()
+        if not (key[0] in silent and item.report.role in restoring)
+    }
+
+
+def _silence_problems(silent: set[str], after: timedelta) -> list[Problem]:
+    return [
+        Problem(
+            "InstanceNotReporting",
+            f"{instance} has sent no progress report for {after.total_seconds():.0f} s: hung, "
+            "starved of CPU, or cut off from Kafka. Nothing moves to it meanwhile; check its "
+            "logs and its CPU",
+        )
+        for instance in sorted(silent)
+    ]
+
+
+def _stalled_problems(stalled: Sequence[Stalled], ledger: Ledger) -> list[Problem]:
+    problems = []
+    for warmup in stalled:
+        owner = ledger.ownership(warmup.task).active or "its owner"
+        problems.append(
+            Problem(
+                "WarmupNotCatchingUp",
+                f"task {warmup.task}: the warm-up on {warmup.instance} is not catching up (its "
+                f"lag is no lower than {warmup.window.total_seconds():.0f} s ago: it restores "
+                f"slower than the changelog grows). The task stays on "
+                f"{owner}, which keeps processing, until the warm-up catches up; give "
+                f"{warmup.instance} more CPU (spec.resources) or raise acceptableRecoveryLag",
+            )
+        )
+    return problems
 
 
 def _report_problems(progress: Mapping[tuple[str, TaskId], TaskProgress]) -> list[Problem]:
