@@ -52,6 +52,7 @@ from smoothscale.runtime.changelog import (
     tombstone,
 )
 from smoothscale.runtime.config import WorkerConfig
+from smoothscale.runtime.decode import PIPELINE_ERROR, pipeline_error
 from smoothscale.runtime.metrics import InstanceMetrics
 from smoothscale.runtime.pipeline import Pipeline
 from smoothscale.runtime.restore import (
@@ -80,6 +81,11 @@ TOMBSTONES_PER_BATCH = 100
 GAP_READ_SECONDS = 5.0
 """Longest a batch reads changelog records others wrote between its own, to verify them."""
 
+PIPELINE_ERROR_REPORTED_SECONDS = 60.0
+"""For how long an active task's reports carry the pipeline's last error on its records (the
+operator shows it as a TaskFailing problem), so that a pipeline raising on every batch stays
+visible without flapping."""
+
 
 @dataclass
 class BatchInput:
@@ -93,6 +99,10 @@ class BatchInput:
     """Per task: the pipeline's (key, update) pairs."""
     dead_letters: dict[TaskId, list[Any]] = field(default_factory=dict)
     """Per task: the bad rows to send to the dead-letter topic."""
+    records_of: Callable[[TaskId, str], list[Any]] | None = None
+    """The batch's records (as read) of a key in a task, for when `apply` raises on that key:
+    they go to the dead-letter topic and the key's state stays as it was. None: `apply`
+    raising fails the batch."""
 
 
 @dataclass
@@ -172,6 +182,8 @@ class Instance:
         self._active: dict[TaskId, _Active] = {}
         self._activating: dict[TaskId, _Activation] = {}
         self._released: dict[TaskId, TaskReport] = {}
+        self._pipeline_errors: dict[TaskId, tuple[float, str]] = {}
+        """Per active task, when the pipeline last raised on some of its records, and what."""
         self._refused: dict[TaskId, TaskReport] = {}
         """Tasks assigned active below the epoch their changelog holds: reported `refused`
         until a new assignment arrives."""
@@ -349,6 +361,23 @@ class Instance:
                 self._report(with_input_lag=False)
                 self._best_effort("commit the input positions", self._inputs.commit, committed)
 
+    def _note_pipeline_errors(self, task: TaskId, bad: list[Any]) -> None:
+        raised = [row for row in bad if row["reason"] == PIPELINE_ERROR]
+        if raised:
+            self._pipeline_errors[task] = (
+                time.monotonic(),
+                f"the pipeline raised on {len(raised)} record(s) of a batch, sent to the "
+                f"dead-letter topic {self.config.dead_letters()} (the last: "
+                f"{raised[-1]['error']}); fix the pipeline, then replay them from there",
+            )
+
+    def _pipeline_error(self, task: TaskId) -> str | None:
+        """What to report for an active task whose pipeline raised lately (for a minute)."""
+        noted = self._pipeline_errors.get(task)
+        if noted is None or time.monotonic() - noted[0] > PIPELINE_ERROR_REPORTED_SECONDS:
+            return None
+        return noted[1]
+
     def _commit_task(self, task: TaskId, batch: BatchInput) -> None:
         active = self._active[task]
         store = self.pipeline.store
@@ -360,8 +389,26 @@ class Instance:
             current[key] = None if raw is None else json.loads(raw)
         outputs: list[OutputRecord] = []
         changed: dict[str, Any] = {}
+        bad = list(batch.dead_letters.get(task, []))
         for key, update in updates:
-            new_state, emitted = self.pipeline.apply(key, current[key], update)
+            try:
+                new_state, emitted = self.pipeline.apply(key, current[key], update)
+            except Exception as error:
+                if batch.records_of is None:
+                    raise
+                read = batch.records_of(task, key)
+                log.warning(
+                    "task %d: the pipeline's apply raised on key %r (%s: %s); its %d records of "
+                    "this batch go to the dead-letter topic, its state stays as it was",
+                    task,
+                    key,
+                    type(error).__name__,
+                    error,
+                    len(read),
+                )
+                bad += [pipeline_error(record, error) for record in read]
+                self.metrics.count_dead_letters(PIPELINE_ERROR for _ in read)
+                continue
             current[key] = new_state
             changed[key] = new_state
             outputs.extend(emitted)
@@ -378,7 +425,7 @@ class Instance:
         ]
         closing = closer(writer, number, positions, active.last_closer)
         reclaim = self._tombstones(active, set(names))
-        bad = batch.dead_letters.get(task, [])
+        self._note_pipeline_errors(task, bad)
         sender = self._send_dead_letters
 
         def queue_dead_letters(producer: Producer) -> None:
@@ -772,6 +819,7 @@ class Instance:
                     generation,
                     active.state.positions(),
                     {topic: self._input_position(active.state, topic) for topic in inputs},
+                    error=self._pipeline_error(task),
                 )
             )
         wanted = self.assignment.tasks
