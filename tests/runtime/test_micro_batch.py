@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from confluent_kafka import Producer
 from examples.pipelines.running_count import add_count, count_per_user
 from examples.pipelines.tumbling_window import pipeline as tumbling_window
 from pyspark.sql import SparkSession
@@ -21,7 +22,7 @@ from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.instance import Instance
 from smoothscale.runtime.metrics import InstanceMetrics
 from smoothscale.runtime.pipeline import Output, Pipeline
-from smoothscale.runtime.source import SCHEMA
+from smoothscale.runtime.source import SCHEMA, read_plan
 from smoothscale.runtime.spark import local_session
 from smoothscale.runtime.worker import MicroBatch, dead_letter_sender
 from smoothscale.tasks import TaskRole
@@ -245,3 +246,35 @@ def test_a_pipeline_that_raises_on_a_whole_large_batch_fails_it_and_commits_noth
 
     assert state == {}
     assert read_committed(config.bootstrap_servers, config.dead_letters(), PARTITIONS) == []
+
+
+def test_a_new_instance_warms_its_query_on_a_sample_it_does_not_own_and_commits_nothing(
+    spark: SparkSession, embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    """Instance.warm_up puts recent records of a partition it does not own in the plan; the
+    next batch runs the pipeline over them (decode, aggregate) and drops the result; the
+    sample then leaves the plan."""
+    pipeline = counting()
+    with active_instance(embedded_kafka, tmp_path, pipeline) as (instance, metrics, config):
+        topic = config.input_topics[0]
+        producer = Producer({"bootstrap.servers": config.bootstrap_servers})
+        for _ in range(5):
+            producer.produce(topic, key=b"zoe", value=b'{"user": "zoe"}', partition=1)
+        producer.flush(10)
+
+        assert instance.warm_up(records=3)
+        planned = read_plan(instance.plan_path)
+        assert planned.partitions[f"{topic}:1"] == 2, "the last 3 of offsets 0..4"
+        assert instance.warm_up_from() == {(topic, 1): 2}
+        sample = [user_record(topic, offset, "zoe") for offset in range(2, 5)]
+        rows = [(t, 1, o, k, v, ts) for (t, _p, o, k, v, ts) in sample]
+        MicroBatch(instance, pipeline, metrics)(spark.createDataFrame(rows, SCHEMA), 0)
+        assert instance.warmed.is_set()
+        assert instance.warm_up_from() == {}
+        instance.end_warm_up()
+        after = read_plan(instance.plan_path)
+        state = instance.state_snapshot(0)
+
+    assert f"{topic}:1" not in after.partitions
+    assert state == {}, "nothing of the sample applied"
+    assert read_committed(config.bootstrap_servers, config.output_topic, PARTITIONS) == []

@@ -60,11 +60,14 @@ QUIET = {"log.connection.close": "false"}
 class DemoOptions:
     workdir: Path
     tasks: int = 6
-    keys: int = 20_000
-    backlog: int = 200_000
+    keys: int = 6_000
+    backlog: int = 60_000
     """Records produced before the first instance starts: the state to restore later."""
-    rate: int = 2_000
-    """Records per second produced during the demo."""
+    rate: int = 400
+    """Records per second produced during the demo. With `keys` and `tasks` it sets how fast
+    each changelog partition grows (about min(rate, keys) / tasks records a second): the
+    embedded broker keeps only the last 5 MB of a partition (about 30,000 changelog records),
+    so the defaults keep every changelog under that for the whole demo."""
     trigger_interval: float = 1.0
     poll_interval: float = 1.0
     """The operator's lag poll interval (spec.scaling.lagPollInterval), and how often the demo

@@ -81,6 +81,9 @@ TOMBSTONES_PER_BATCH = 100
 GAP_READ_SECONDS = 5.0
 """Longest a batch reads changelog records others wrote between its own, to verify them."""
 
+WARM_UP_RECORDS = 1_000
+"""Recent input records a new instance reads once, and discards, to warm its query."""
+
 PIPELINE_ERROR_REPORTED_SECONDS = 60.0
 """For how long an active task's reports carry the pipeline's last error on its records (the
 operator shows it as a TaskFailing problem), so that a pipeline raising on every batch stays
@@ -191,6 +194,10 @@ class Instance:
         """Tasks this instance found a higher writer for: reported `fenced` until a new
         assignment arrives."""
         self._plan_starts: dict[tuple[str, int], int] = {}
+        self._warm_up: dict[tuple[str, int], int] = {}
+        """Sample ranges of recent input the query reads once before the instance is ready."""
+        self.warmed = threading.Event()
+        """Set once a micro-batch has run the pipeline over the warm-up sample."""
         self._activations: dict[tuple[str, int], int] = {}
         """Per input partition, how often it was activated: the source restarts a partition
         from its plan start whenever this changes, even at an unchanged start offset."""
@@ -329,6 +336,44 @@ class Instance:
         """Active task -> its ownership epoch."""
         with self.lock:
             return {task: active.epoch for task, active in self._active.items()}
+
+    def warm_up(self, records: int = WARM_UP_RECORDS) -> bool:
+        """Have the query read a sample of recent input once (the last `records` of one input
+        partition this instance does not own), so that its next micro-batch runs the whole
+        pipeline path (the source's Python readers, decode, aggregate, their code generation)
+        while nothing depends on it: the first batch of a task handed over later is then as
+        fast as a steady one. Nothing of the sample is applied or committed. False when there
+        is no input to sample (then there is nothing to warm with)."""
+        with self.lock:
+            owned = {(topic, task) for topic in self.config.input_topics for task in self._active}
+            for topic in self.config.input_topics:
+                for partition in self._partitions_of(topic):
+                    if (topic, partition) in owned:
+                        continue
+                    low, high = self._offsets.get_watermark_offsets(
+                        TopicPartition(topic, partition), timeout=10
+                    )
+                    if high > low:
+                        self._warm_up = {(topic, partition): max(low, high - records)}
+                        self._write_plan()
+                        return True
+        return False
+
+    def end_warm_up(self) -> None:
+        """Take the warm-up sample out of the plan."""
+        with self.lock:
+            if self._warm_up:
+                self._warm_up = {}
+                self._write_plan()
+
+    def warm_up_from(self) -> dict[tuple[str, int], int]:
+        """The warm-up sample's start offsets, while it is in the plan and not yet run."""
+        with self.lock:
+            return {} if self.warmed.is_set() else dict(self._warm_up)
+
+    def _partitions_of(self, topic: str) -> list[int]:
+        metadata = self._offsets.list_topics(topic, timeout=10).topics.get(topic)
+        return sorted(metadata.partitions) if metadata is not None else []
 
     def read_from(self) -> dict[tuple[str, int], int]:
         """Per (input topic, partition) of the active tasks, the first offset still to process:
@@ -789,10 +834,15 @@ class Instance:
 
     def _write_plan(self) -> None:
         self._plan_version += 1
+        starts = {**self._warm_up, **self._plan_starts}
         activations = {
-            partition: self._activations.get(partition, 0) for partition in self._plan_starts
+            # A partition sampled for the warm-up and owned later must never continue from
+            # where the sample stopped: the sample's activation, 0, is one no owner uses (an
+            # owner's first activation is 1).
+            partition: self._activations.get(partition, 0) if partition in self._plan_starts else 0
+            for partition in starts
         }
-        write_plan(self.plan_path, self._plan_starts, self._plan_version, activations)
+        write_plan(self.plan_path, starts, self._plan_version, activations)
 
     def _count_restored(self, task: TaskId, records: int) -> None:
         self.metrics.count_restored(task, records)

@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 TICK_SECONDS = 0.1
 """How often the main thread looks for a new assignment between batches."""
+WARM_UP_TIMEOUT_SECONDS = 120.0
+"""Longest a new instance waits for its warm-up batch before it says it is ready anyway."""
 
 
 class MicroBatch:
@@ -55,6 +57,9 @@ class MicroBatch:
             if self.instance.stopping:
                 return
             started = time.monotonic()
+            warm_up = self.instance.warm_up_from()
+            if warm_up:
+                self._warm(batch, warm_up)
             read_from = self.instance.read_from()
             if not read_from:
                 return
@@ -68,6 +73,23 @@ class MicroBatch:
                 rows.unpersist()
             self.metrics.observe_batch(time.monotonic() - started)
             log.debug("batch %d: %s records", batch_id, sum(collected.counts.values()))
+
+    def _warm(self, batch: "DataFrame", sample: Mapping[tuple[str, int], int]) -> None:
+        """Run the pipeline over the warm-up sample and drop the result (see Instance.warm_up).
+        A sample that fails to aggregate says nothing about the tasks: the instance is ready
+        anyway, and a real batch will show the error where it matters."""
+        from smoothscale.runtime.decode import decode
+
+        rows = batch.where(_at_or_after(sample))
+        try:
+            good, bad = decode(rows, self.pipeline)
+            bad.count()
+            updates = self._updates(good)
+        except Exception:
+            log.warning("the warm-up batch failed; the instance is ready without it", exc_info=True)
+        else:
+            log.info("warm-up batch: the pipeline ran over %d sampled updates", len(updates))
+        self.instance.warmed.set()
 
     def _collect(self, rows: "DataFrame") -> BatchInput | None:
         from pyspark.sql import functions as F
@@ -248,6 +270,7 @@ def run_worker(config: WorkerConfig) -> int:
         instance.start()
         with _ticking(instance):
             spark, query = _start_query(config, instance, pipeline, metrics, checkpoint)
+            _warm_up(instance, query)
         stop.install()  # again: PySpark installs its own SIGINT handler
         metrics.set_ready(True)
         log.info("instance %s ready", config.instance_id)
@@ -273,6 +296,19 @@ def run_worker(config: WorkerConfig) -> int:
         shutil.rmtree(checkpoint, ignore_errors=True)
     log.info("instance %s stopped", config.instance_id)
     return 0
+
+
+def _warm_up(instance: Instance, query: "StreamingQuery") -> None:
+    """Before the instance says it is ready: one micro-batch over a sample of recent input."""
+    if not instance.warm_up():
+        log.info("no input to warm up with: ready cold")
+        return
+    deadline = time.monotonic() + WARM_UP_TIMEOUT_SECONDS
+    while not instance.warmed.wait(TICK_SECONDS):
+        if not query.isActive or time.monotonic() > deadline:
+            log.warning("no warm-up batch within %s s: ready cold", WARM_UP_TIMEOUT_SECONDS)
+            break
+    instance.end_warm_up()
 
 
 @contextmanager
