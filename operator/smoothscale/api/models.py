@@ -598,8 +598,21 @@ class KafkaSpec(ApiModel):
     """The pipeline's state stores (names unique); each is partitioned like the input."""
 
 
+class ScalingStrategy(StrEnum):
+    """How tasks move to a new owner (spec.scaling.strategy)."""
+
+    WARM_UP = "WarmUp"
+    STOP_THE_WORLD = "StopTheWorld"
+
+
 class ScalingSpec(ApiModel):
     """How smoothscale moves tasks between instances (the knobs of KIP-441)."""
+
+    strategy: ScalingStrategy = ScalingStrategy.WARM_UP
+    """WarmUp: a task moves only once its new owner has caught up, warmed up in the background
+    while the old owner keeps processing. StopTheWorld: every task goes at once to its new
+    owner, which restores the task's state before it processes it, as scaling works without
+    smoothscale; a baseline to measure against (benchmarks/scaling.py), not for production."""
 
     acceptable_recovery_lag: Annotated[int, Field(strict=True, ge=0)] = 10_000
     """A warm-up whose changelog lag (records, summed over the task's stores) is at most this is

@@ -30,6 +30,7 @@ from smoothscale.api.models import (
     API_VERSION,
     PLURAL,
     ScalingSpec,
+    ScalingStrategy,
     ScalingSummary,
     StreamingApp,
     StreamingAppStatus,
@@ -94,6 +95,7 @@ def planner_config(scaling: ScalingSpec) -> PlannerConfig:
         acceptable_recovery_lag=scaling.acceptable_recovery_lag,
         max_warmup_replicas=scaling.max_warmup_replicas,
         num_standby_replicas=scaling.num_standby_replicas,
+        stop_the_world=scaling.strategy is ScalingStrategy.STOP_THE_WORLD,
     )
 
 
