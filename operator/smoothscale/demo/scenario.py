@@ -38,7 +38,12 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from smoothscale.demo.timeline import read_committed, read_timelines, write_timelines
+from smoothscale.demo.timeline import (
+    TaskTimeline,
+    read_committed,
+    read_timelines,
+    write_timelines,
+)
 from smoothscale.devcluster.kafka import KafkaControl
 from smoothscale.devcluster.stack import LocalStack, StackInfo
 from smoothscale.kafka import names
@@ -72,6 +77,8 @@ class DemoOptions:
     poll_interval: float = 1.0
     """The operator's lag poll interval (spec.scaling.lagPollInterval), and how often the demo
     prints and measures."""
+    strategy: str = "WarmUp"
+    """spec.scaling.strategy: WarmUp, or StopTheWorld for the baseline."""
     acceptable_recovery_lag: int = 10_000
     max_warmup_replicas: int = 2
     drain_timeout: float = 300.0
@@ -208,6 +215,7 @@ def streaming_app(options: DemoOptions, bootstrap_servers: str) -> dict[str, Any
                 "stateStores": [{"name": STORE}],
             },
             "scaling": {
+                "strategy": options.strategy,
                 "acceptableRecoveryLag": options.acceptable_recovery_lag,
                 "maxWarmupReplicas": options.max_warmup_replicas,
                 "lagPollInterval": seconds,
@@ -428,6 +436,12 @@ class Session:
     """Named parts of the story (wall-clock start and end) whose pauses `finish` measures."""
     longest_stops: dict[str, float] = field(default_factory=dict)
     """Per phase, the longest processing pause of any partition (set by `finish`)."""
+    lost: int = 0
+    """Updates of the reference missing from the output (set by `finish`)."""
+    doubled: int = 0
+    """Updates applied more than once (set by `finish`)."""
+    timelines: dict[int, TaskTimeline] = field(default_factory=dict)
+    """The ownership timeline of every task, read back from the changelog (set by `finish`)."""
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -493,11 +507,13 @@ class Session:
         doubled = sum(max(0, emitted.get(user, 0) - n) for user, n in reference.items())
         unknown = set(emitted) - set(reference)
         exact = lost == 0 and doubled == 0 and not unknown
+        self.lost, self.doubled = lost, doubled
         self.say(
             f"final state: {len(reference):,} users, {sum(reference.values()):,} records; "
             f"{lost} updates lost, {doubled} applied twice: " + ("EXACT" if exact else "NOT EXACT")
         )
         timelines = read_timelines(self.bootstrap, CHANGELOG_TOPIC, self.options.tasks, QUIET)
+        self.timelines = timelines
         path = self.options.workdir / "timeline.json"
         write_timelines(path, timelines)
         for name, start, end in self.phases:
