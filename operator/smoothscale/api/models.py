@@ -598,6 +598,13 @@ class KafkaSpec(ApiModel):
     """The pipeline's state stores (names unique); each is partitioned like the input."""
 
 
+class DeletionPolicy(StrEnum):
+    """What deleting the StreamingApp does to its state (spec.deletionPolicy)."""
+
+    RETAIN = "Retain"
+    DELETE = "Delete"
+
+
 class ScalingStrategy(StrEnum):
     """How tasks move to a new owner (spec.scaling.strategy)."""
 
@@ -666,6 +673,11 @@ class StreamingAppSpec(ApiModel):
     """Kafka connection, topics and state stores."""
     scaling: ScalingSpec = Field(default_factory=ScalingSpec, json_schema_extra={"default": {}})
     """How tasks move while scaling."""
+    deletion_policy: DeletionPolicy = DeletionPolicy.RETAIN
+    """When the StreamingApp is deleted, once every task is released and every pod is gone:
+    Retain keeps its changelog and assignments topics, so the app applied again under the same
+    name resumes exactly where it stopped; Delete deletes them (its state is gone for good).
+    The input, output and dead-letter topics are never deleted: they hold your data."""
 
 
 # ---------------------------------------------------------------------------------------------

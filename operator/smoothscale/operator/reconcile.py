@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from smoothscale.api.models import (
     API_VERSION,
     PLURAL,
+    DeletionPolicy,
     ScalingSpec,
     ScalingStrategy,
     ScalingSummary,
@@ -688,8 +689,9 @@ class AppController:
     def tear_down(self, waited: timedelta) -> bool:
         """The app is being deleted (kopf's finalizer holds it): release every task, then
         delete the pods. True once done; until then, call again. `waited`: how long the
-        deletion has gone on. The changelogs and the app's topics are kept, so an app
-        re-created under the same name resumes exactly where this one stopped."""
+        deletion has gone on. With deletionPolicy Retain (the default) the changelogs and the
+        app's topics are kept, so an app re-created under the same name resumes exactly where
+        this one stopped; with Delete, its state topics are deleted last."""
         body = self._read_app()
         if body is None:
             return True
@@ -709,9 +711,31 @@ class AppController:
             self._delete_pod(name)
         if pods:
             return False  # the finalizer holds the app until its pods are gone
-        self._forget_instances(body)
         self.events("Normal", "Released", "every task released and every pod deleted")
+        try:
+            policy = StreamingApp.model_validate({**body, "status": None}).spec.deletion_policy
+        except ValidationError:
+            policy = DeletionPolicy.RETAIN  # a spec this version cannot read: keep the state
+        if policy is DeletionPolicy.DELETE:
+            self._delete_state(StreamingApp.model_validate({**body, "status": None}))
+        else:
+            self._forget_instances(body)
         return True
+
+    def _delete_state(self, app: StreamingApp) -> None:
+        try:
+            deleted = self._kafka_clients(app).topics.delete_state(app)
+        except (KafkaException, MissingSecretError) as error:
+            self.events(
+                "Warning",
+                "StateNotDeleted",
+                f"deletionPolicy is Delete but Kafka refused to delete the app's state topics "
+                f"({error}); delete its changelog and assignments topics with your Kafka tools",
+            )
+            return
+        self.events(
+            "Normal", "StateDeleted", f"deletionPolicy Delete: deleted {', '.join(deleted)}"
+        )
 
     def _released(self, body: Mapping[str, Any], live: Mapping[str, PodView]) -> bool:
         """Give every instance nothing (once); whether none reports a task active any more."""
