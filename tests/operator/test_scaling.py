@@ -445,3 +445,27 @@ def test_a_warmup_pod_that_hangs_gets_nothing_and_a_condition_says_why(tmp_path:
         watcher.run_until(lambda: watcher.settled(2), "the scale-out once it is back")
         assert f"warning InstanceNotReporting: {frozen}" in out.getvalue()
         assert running.finish(), out.getvalue()
+
+
+def test_api_trouble_mid_scale_conflicts_expired_watches_and_5xx_the_scale_finishes_exactly(
+    tmp_path: Path,
+) -> None:
+    """The API server answers 409 to status writes, 410 to watches (kopf re-lists), 503 to pod
+    lists and 500 to Events in the middle of a hand-over: the operator retries through it all
+    and the scale-out finishes, exact, no two owners."""
+    out = io.StringIO()
+    with session(options(tmp_path), out) as running:
+        watcher = running.watcher
+        start_steady(running)
+        running.scale(2)
+        watcher.run_until(lambda: moving(running), "a warm-up on the new pod")
+        running.inject_api_faults(
+            {"code": 409, "count": 3, "method": "PATCH", "path": "/streamingapps/"},
+            {"code": 410, "count": 3, "watch": True},
+            {"code": 503, "count": 3, "method": "GET", "path": "/pods", "watch": False},
+            {"code": 500, "count": 3, "method": "POST", "path": "/events"},
+        )
+        watcher.run_until(lambda: watcher.settled(2), "the scale-out through API trouble")
+        report = running.inject_api_faults()
+        assert report["injected"] == {"409": 3, "410": 3, "500": 3, "503": 3}, report
+        assert running.finish(), out.getvalue()

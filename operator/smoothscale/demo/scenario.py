@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ from smoothscale.demo.timeline import (
     read_timelines,
     write_timelines,
 )
+from smoothscale.devcluster.apiserver.faults import PATH as API_FAULTS_PATH
 from smoothscale.devcluster.kafka import KafkaControl
 from smoothscale.devcluster.stack import LocalStack, StackInfo
 from smoothscale.kafka import names
@@ -432,6 +434,8 @@ class Session:
     say: Callable[[str], None]
     kafka: KafkaControl
     """The embedded Kafka's controls (faults, compaction)."""
+    api_url: str
+    """The local API server (its fault injection: `inject_api_faults`)."""
     phases: list[tuple[str, float, float]] = field(default_factory=list)
     """Named parts of the story (wall-clock start and end) whose pauses `finish` measures."""
     longest_stops: dict[str, float] = field(default_factory=dict)
@@ -473,6 +477,21 @@ class Session:
         self.operator.kill()
         self.operator = Operator(self.operator.kubeconfig, self.operator.log_path)
         self.watcher.operator = self.operator
+
+    def inject_api_faults(self, *faults: dict[str, Any]) -> dict[str, Any]:
+        """Have the local API server answer the next matching requests with errors (see
+        smoothscale.devcluster.apiserver.faults; no faults: just the report so far)."""
+        method = "POST" if faults else "GET"
+        body = json.dumps(list(faults)).encode() if faults else None
+        request = urllib.request.Request(
+            f"{self.api_url}{API_FAULTS_PATH}", data=body, method=method
+        )
+        request.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            report: dict[str, Any] = json.loads(answer.read())
+        if faults:
+            self.say(f"API faults injected: {json.dumps(list(faults))}")
+        return report
 
     def signal_container(self, pod: str, signum: signal.Signals) -> None:
         """Signal every process of a pod's container: SIGKILL as the OOM killer does (the
@@ -571,7 +590,9 @@ def session(options: DemoOptions, out: TextIO) -> Iterator[Session]:
         operator = Operator(cluster.kubeconfig, options.workdir / "operator.log")
         watcher = Watcher(kubectl, operator, bootstrap, options, say)
         control = KafkaControl(cluster.kafka_control)
-        running = Session(options, bootstrap, kubectl, operator, watcher, feed, say, control)
+        running = Session(
+            options, bootstrap, kubectl, operator, watcher, feed, say, control, cluster.api_url
+        )
         try:
             yield running
         finally:

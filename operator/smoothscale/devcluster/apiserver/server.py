@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from smoothscale.devcluster.apiserver import discovery, patching, protobuf, query, tables
+from smoothscale.devcluster.apiserver import discovery, faults, patching, protobuf, query, tables
 from smoothscale.devcluster.apiserver.admission import STRICT, WARN, admit_builtin, admit_custom
 from smoothscale.devcluster.apiserver.errors import (
     ApiError,
@@ -26,6 +26,7 @@ from smoothscale.devcluster.apiserver.errors import (
     not_found,
     unsupported_media_type,
 )
+from smoothscale.devcluster.apiserver.faults import Faults
 from smoothscale.devcluster.apiserver.peering import KOPF_PEERING_CRDS
 from smoothscale.devcluster.apiserver.registry import (
     CRD_GROUP,
@@ -89,6 +90,8 @@ class ApiServer:
         self.store = Store(history_size=history_size)
         self.store.listeners.append(self._on_change)
         self.stopping = asyncio.Event()
+        self.faults = Faults()
+        """Errors to answer the next matching requests with (tests ask at faults.PATH)."""
         for name in ("default", "kube-system", "kube-public"):
             self.create(self._type("", "v1", "namespaces"), {"metadata": {"name": name}})
         for crd in KOPF_PEERING_CRDS:
@@ -195,7 +198,10 @@ class ApiServer:
     # -- HTTP ---------------------------------------------------------------------------------
 
     def application(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors], client_max_size=16 * 1024 * 1024)
+        app = web.Application(
+            middlewares=[self._inject_faults, self._errors], client_max_size=16 * 1024 * 1024
+        )
+        app.router.add_route("*", faults.PATH, self._faults)
         fixed = {
             "/version": lambda: discovery.KUBERNETES_VERSION,
             "/api": discovery.api_versions,
@@ -213,6 +219,26 @@ class ApiServer:
         app.router.add_route("*", "/apis/{group}/{version}", self._group_version_root)
         app.router.add_route("*", "/apis/{group}/{version}/{rest:.+}", self._grouped)
         return app
+
+    @web.middleware
+    async def _inject_faults(
+        self, request: web.Request, handler: Callable[[web.Request], Any]
+    ) -> web.StreamResponse:
+        watch = request.query.get("watch") in ("true", "1")
+        error = self.faults.take(request.method, request.path, watch)
+        if error is not None:
+            return _json(error.status(), status=error.code)
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    async def _faults(self, request: web.Request) -> web.Response:
+        """POST a JSON list of faults to inject; GET how many were injected."""
+        if request.method == "POST":
+            try:
+                self.faults.add([faults.Fault.parse(item) for item in await request.json()])
+            except (ValueError, KeyError, TypeError) as error:
+                raise bad_request(f"faults: {error}") from error
+        return _json(self.faults.report())
 
     @web.middleware
     async def _errors(
