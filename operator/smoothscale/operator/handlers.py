@@ -45,6 +45,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         prefix="smoothscale.io", key="last-handled-configuration"
     )
     settings.posting.level = logging.WARNING
+    # The CRD is installed before the operator starts (the chart's crds/), and the namespaces
+    # are given: no scanning of CRDs and namespaces, which the chart's RBAC does not grant.
+    settings.scanning.disabled = True
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

@@ -201,6 +201,25 @@ _BUILTIN: dict[tuple[str, str], tuple[list[PrinterColumn], Callable[[JsonObject]
         ),
         _event_row,
     ),
+    ("apps", "deployments"): (
+        _builtin_columns(
+            [
+                ("Name", "string", 0),
+                ("Ready", "string", 0),
+                ("Up-to-date", "string", 0),
+                ("Available", "string", 0),
+                ("Age", "string", 0),
+            ]
+        ),
+        lambda deployment: [
+            deployment["metadata"]["name"],
+            f"{deployment.get('status', {}).get('readyReplicas', 0)}/"
+            f"{deployment.get('spec', {}).get('replicas', 1)}",
+            deployment.get("status", {}).get("updatedReplicas", 0),
+            deployment.get("status", {}).get("availableReplicas", 0),
+            human_age(deployment["metadata"].get("creationTimestamp")),
+        ],
+    ),
     ("", "namespaces"): (
         _builtin_columns([("Name", "string", 0), ("Status", "string", 0), ("Age", "string", 0)]),
         lambda ns: [
