@@ -30,10 +30,9 @@ from tests.chart.helm import (
 # What the operator does with the Kubernetes API, and so all that RBAC may grant it.
 OPERATOR_PERMISSIONS: dict[tuple[str, str], set[str]] = {
     ("smoothscale.io", "streamingapps"): {"get", "list", "watch", "patch"},
-    ("smoothscale.io", "streamingapps/status"): {"get", "patch", "update"},
-    ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
-    ("", "events"): {"create", "patch"},
-    ("events.k8s.io", "events"): {"create", "patch"},
+    ("smoothscale.io", "streamingapps/status"): {"patch"},
+    ("", "pods"): {"list", "watch", "create", "delete", "patch"},
+    ("", "events"): {"create"},
     ("", "secrets"): {"get"},
 }
 # kopf peering: keep-alives in a KopfPeering (namespaced) or ClusterKopfPeering (cluster-wide).

@@ -1,8 +1,8 @@
 """Decoding of the Kubernetes protobuf bodies that kubectl's typed commands send.
 
 `kubectl create namespace|configmap|secret|serviceaccount|token` encode the new object (or the
-TokenRequest) as protobuf
-(application/vnd.kubernetes.protobuf) whatever the server prefers. This reads exactly those
+TokenRequest) as protobuf (application/vnd.kubernetes.protobuf) whatever the server prefers, and
+helm sends DeleteOptions that way. This reads exactly those
 kinds, from the field numbers of k8s.io/api's generated.proto; any other protobuf body is a
 415 that says to send JSON (kubectl create -f / apply -f do).
 """
@@ -143,18 +143,42 @@ def _token_request(fields: Fields) -> JsonObject:
     return {"spec": spec}
 
 
+def _delete_options(fields: Fields) -> JsonObject:
+    options: JsonObject = {}
+    grace = [value for field, value in fields if field == 1 and isinstance(value, int)]
+    if grace:
+        options["gracePeriodSeconds"] = grace[-1]
+    for data in _bytes_of(fields, 2):
+        conditions = _fields(data)
+        options["preconditions"] = {
+            name: value
+            for name, value in (
+                ("uid", _string(conditions, 1)),
+                ("resourceVersion", _string(conditions, 2)),
+            )
+            if value
+        }
+    if policy := _string(fields, 4):
+        options["propagationPolicy"] = policy
+    dry_run = [value.decode() for value in _bytes_of(fields, 5)]
+    if dry_run:
+        options["dryRun"] = dry_run
+    return options
+
+
 _KINDS: dict[str, Callable[[Fields], JsonObject]] = {
     "Namespace": _namespace,
     "ConfigMap": _config_map,
     "Secret": _secret,
     "ServiceAccount": _service_account,
     "TokenRequest": _token_request,
+    "DeleteOptions": _delete_options,
 }
 
 
 def decode(body: bytes) -> Any:
-    """The JSON form of a protobuf-encoded Namespace, ConfigMap, Secret, ServiceAccount or
-    TokenRequest."""
+    """The JSON form of a protobuf-encoded Namespace, ConfigMap, Secret, ServiceAccount,
+    TokenRequest or DeleteOptions."""
     if not body.startswith(_MAGIC):
         raise bad_request("a Kubernetes protobuf body starts with k8s\\x00")
     envelope = _fields(body[len(_MAGIC) :])
