@@ -65,9 +65,9 @@ def _version(obj: JsonObject) -> int:
 class Informer:
     """A cache of one collection, kept by list + watch; calls `on_change` after each change.
 
-    The controller also puts the answers of its own writes in (`remember`), so that its next
-    pass sees them even before their watch events arrive; an older version never replaces a
-    newer one.
+    The controller also puts the answers of its own writes in (`remember`, `forget`), so that
+    its next pass sees them even before their watch events arrive; an older version never
+    replaces a newer one, nor brings back an object deleted since.
     """
 
     def __init__(
@@ -85,6 +85,8 @@ class Informer:
         self._watch_timeout = watch_timeout_seconds
         self._lock = threading.Lock()
         self._objects: dict[tuple[str, str], JsonObject] = {}
+        self._deleted: dict[tuple[str, str], int] = {}
+        """The resourceVersion each object was deleted at (so a late answer cannot revive it)."""
         self.synced = threading.Event()
 
     def objects(self) -> list[JsonObject]:
@@ -93,15 +95,20 @@ class Informer:
 
     def remember(self, obj: JsonObject) -> None:
         with self._lock:
-            known = self._objects.get(_key(obj))
+            key = _key(obj)
+            known = self._objects.get(key)
+            if self._deleted.get(key, -1) >= _version(obj):
+                return
             if known is None or _version(known) <= _version(obj):
-                self._objects[_key(obj)] = obj
+                self._objects[key] = obj
 
-    def _forget(self, obj: JsonObject) -> None:
+    def forget(self, obj: JsonObject) -> None:
         with self._lock:
-            known = self._objects.get(_key(obj))
+            key = _key(obj)
+            self._deleted[key] = max(self._deleted.get(key, -1), _version(obj))
+            known = self._objects.get(key)
             if known is not None and _version(known) <= _version(obj):
-                del self._objects[_key(obj)]
+                del self._objects[key]
 
     def run(self) -> None:
         while not self._stopping.is_set():
@@ -109,6 +116,7 @@ class Informer:
                 listing = self.api.request("GET", self.path)
                 with self._lock:
                     self._objects = {_key(obj): obj for obj in listing.get("items") or []}
+                    self._deleted = {}
                 self.synced.set()
                 self._on_change()
                 version = str(listing["metadata"]["resourceVersion"])
@@ -129,7 +137,7 @@ class Informer:
             if event["type"] in ("ADDED", "MODIFIED"):
                 self.remember(obj)
             elif event["type"] == "DELETED":
-                self._forget(obj)
+                self.forget(obj)
             else:
                 continue
             self._on_change()
@@ -290,8 +298,10 @@ class DeploymentController:
             if error.status != 404:
                 raise
             return
-        if answer.get("kind") == "Pod":
-            self.pods.remember(answer)
+        if answer.get("kind") == "Pod" and "deletionTimestamp" in answer["metadata"]:
+            self.pods.remember(answer)  # terminating: its kubelet stops it, then removes it
+        elif answer.get("kind") == "Pod":
+            self.pods.forget(answer)
         logger.info("deleted pod %s/%s", namespace, name)
 
     def _record(self, deployment: JsonObject, current_hash: str) -> None:
