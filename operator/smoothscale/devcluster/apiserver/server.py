@@ -55,7 +55,7 @@ from smoothscale.devcluster.apiserver.store import Change, StorageKey, Store
 from smoothscale.devcluster.apiserver.watch import serve_watch, watch_request
 
 CRD_KEY: StorageKey = (CRD_GROUP, "customresourcedefinitions")
-USER = "smoothscale.user"
+USER = web.RequestKey("smoothscale.user", User)
 """Where a request keeps its authenticated User (absent: the admin, who sent no token)."""
 _GENERATED_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
