@@ -69,6 +69,9 @@ def release(request: pytest.FixtureRequest, cluster: Cluster, namespace: str) ->
         f"instancePort={instances}",
         "--set",
         "logLevel=debug",
+        "--wait",
+        "--timeout",
+        "180s",
     )
     try:
         cluster.kubectl.ok(

@@ -1,6 +1,7 @@
-"""The Deployment controller: a Deployment's pods come from its template, are replaced when it
-changes (Recreate: old ones gone first; RollingUpdate: within maxSurge and maxUnavailable), and
-its status is what `kubectl rollout status` reads. Pods are made ready by hand here, as the
+"""The Deployment and ReplicaSet controllers: a Deployment's pods come from its template
+through a ReplicaSet, are replaced when it changes (Recreate: old ones gone first;
+RollingUpdate: within maxSurge and maxUnavailable), and its status is what `kubectl rollout
+status` reads. Pods are made ready by hand here, as the
 kubelet would once their probes pass."""
 
 import json
@@ -105,8 +106,10 @@ def test_a_deployment_runs_its_pods_and_rolls_out_once_they_are_ready(
     kubectl("apply", "-f", "-", stdin=deployment(2, {"type": "RollingUpdate"}))
     wait_until(lambda: len(pods(api)) == 2, "two pods")
 
+    [replica_set] = api.request("GET", "/apis/apps/v1/namespaces/default/replicasets")["items"]
+    assert replica_set["metadata"]["ownerReferences"][0]["name"] == "web"
     owners = {pod["metadata"]["ownerReferences"][0]["name"] for pod in pods(api)}
-    assert owners == {"web"}
+    assert owners == {replica_set["metadata"]["name"]}
     assert kubectl.run("rollout", "status", "deployment/web", "--timeout", "1s").returncode != 0
 
     make_ready(api)
@@ -141,6 +144,12 @@ def test_recreate_replaces_the_pods_only_once_the_old_ones_are_gone(
     wait_until(replaced, "the pod replaced")
     assert all(len(set(observed)) <= 1 for observed in seen), seen
     assert deployment_status(api)["observedGeneration"] == 2
+    replica_sets = api.request("GET", "/apis/apps/v1/namespaces/default/replicasets")["items"]
+    revisions = {
+        rs["metadata"]["annotations"]["deployment.kubernetes.io/revision"]: rs["spec"]["replicas"]
+        for rs in replica_sets
+    }
+    assert revisions == {"1": 0, "2": 1}
 
 
 def test_a_rolling_update_surges_and_keeps_the_ready_pods_until_the_new_ones_are_ready(

@@ -139,9 +139,9 @@ def _register_kubelet(parts: "Subparsers[argparse.ArgumentParser]") -> None:
 def _register_controllers(parts: "Subparsers[argparse.ArgumentParser]") -> None:
     controllers = parts.add_parser(
         "controllers",
-        help="run the Deployment controller until SIGINT/SIGTERM",
-        description="Run each Deployment's pods (rolling them when the template changes) and "
-        "keep its status, until SIGINT or SIGTERM.",
+        help="run the Deployment and ReplicaSet controllers until SIGINT/SIGTERM",
+        description="Run each Deployment's pods through a ReplicaSet per pod template (rolling "
+        "them when the template changes) and keep their status, until SIGINT or SIGTERM.",
     )
     controllers.add_argument(
         "--kubeconfig",
@@ -227,7 +227,7 @@ def _run_up(args: argparse.Namespace) -> int:
         f"  (Kafka controls: {info.kafka_control}; topics: smoothscale dev topic NAME:PARTITIONS)"
     )
     print("  kubelet     node 'local', pods run as local processes")
-    print("  controllers Deployments run their pods")
+    print("  controllers Deployments and ReplicaSets run their pods")
     print("Use it from this shell with:")
     print(info.exports())
     print("Stop it with: smoothscale dev down" + _state_dir_option(args))

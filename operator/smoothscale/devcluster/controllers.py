@@ -1,16 +1,19 @@
-"""The controller of the local control plane: kube-controller-manager's part that a Helm
-install needs. `smoothscale dev controllers` runs it as an ordinary client of the API.
+"""The controllers of the local control plane: kube-controller-manager's part that a Helm
+install needs. `smoothscale dev controllers` runs them as an ordinary client of the API.
 
-- Deployments: each Deployment's pods are created from its template (labelled with the
-  template's hash, `pod-template-hash`, owned by the Deployment), and replaced when the template
-  changes: Recreate deletes the old pods and waits for them to be gone before it creates new
-  ones; RollingUpdate creates up to maxSurge new pods beside the old ones and deletes old pods
-  while at least replicas - maxUnavailable are ready. The status says what `kubectl rollout
+- Deployments: each pod template of a Deployment gets a ReplicaSet (named and labelled with the
+  template's hash, `pod-template-hash`, owned by the Deployment, with its revision); a changed
+  template is rolled out by scaling them: Recreate scales the old ones to 0 and waits for their
+  pods to be gone before it scales the new one up; RollingUpdate grows the new one by up to
+  maxSurge and shrinks the old ones (their unready pods first) while at least replicas -
+  maxUnavailable pods are ready. The status says what `kubectl rollout
   status` and Helm read: observedGeneration, replicas, updatedReplicas, readyReplicas,
   availableReplicas, unavailableReplicas, and the Available and Progressing conditions
   (NewReplicaSetAvailable once done, ProgressDeadlineExceeded after progressDeadlineSeconds
-  without progress). Unlike Kubernetes there are no ReplicaSets: the Deployment owns its pods,
-  and the API server's garbage collector deletes them with it.
+  without progress).
+- ReplicaSets: each one's pods are created from its template (owned by it) or deleted (unready
+  ones first) until they are spec.replicas, and its status counts them. Deleting a Deployment
+  deletes its ReplicaSets and their pods (the API server's garbage collector).
 
 The process kubelet then runs the pods like any other.
 """
@@ -31,6 +34,7 @@ from smoothscale.kubeapi import MERGE_PATCH, JsonObject, KubeApi, KubeApiError
 logger = logging.getLogger("smoothscale.controllers")
 
 TEMPLATE_HASH_LABEL = "pod-template-hash"
+REVISION_ANNOTATION = "deployment.kubernetes.io/revision"
 _NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
 
@@ -151,11 +155,37 @@ def _ready(pod: JsonObject) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
-def _controller_uid(pod: JsonObject) -> str | None:
-    for reference in pod["metadata"].get("ownerReferences") or []:
-        if reference.get("controller") and reference.get("kind") == "Deployment":
+def _controller_uid(obj: JsonObject, kind: str) -> str | None:
+    """The uid of the object's controller, when that is a `kind`."""
+    for reference in obj["metadata"].get("ownerReferences") or []:
+        if reference.get("controller") and reference.get("kind") == kind:
             return str(reference.get("uid"))
     return None
+
+
+def _owner_reference(owner: JsonObject, kind: str) -> JsonObject:
+    meta = owner["metadata"]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": kind,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _terminating(obj: JsonObject) -> bool:
+    return "deletionTimestamp" in obj["metadata"]
+
+
+def _spec_replicas(replica_set: JsonObject) -> int:
+    return int((replica_set.get("spec") or {}).get("replicas", 0))
+
+
+def _revision(replica_set: JsonObject) -> int:
+    annotations = replica_set["metadata"].get("annotations") or {}
+    return int(annotations.get(REVISION_ANNOTATION, 0))
 
 
 def resolve_count(value: int | str | None, replicas: int, *, round_up: bool) -> int:
@@ -191,131 +221,152 @@ class Rollout:
 
 
 class DeploymentController:
-    """Runs each Deployment's pods and keeps its status; see the module docstring."""
+    """Scales each Deployment's ReplicaSets (one per pod template) and keeps its status; see
+    the module docstring."""
 
-    def __init__(self, api: KubeApi, deployments: Informer, pods: Informer) -> None:
+    def __init__(
+        self, api: KubeApi, deployments: Informer, replica_sets: Informer, pods: Informer
+    ) -> None:
         self.api = api
         self.deployments = deployments
+        self.replica_sets = replica_sets
         self.pods = pods
 
     def sync(self) -> None:
-        pods = self.pods.objects()
+        replica_sets = self.replica_sets.objects()
         for deployment in self.deployments.objects():
-            if "deletionTimestamp" in deployment["metadata"]:
+            if _terminating(deployment):
                 continue
             uid = deployment["metadata"]["uid"]
-            owned = [pod for pod in pods if _controller_uid(pod) == uid]
+            owned = [rs for rs in replica_sets if _controller_uid(rs, "Deployment") == uid]
             try:
                 self.sync_one(deployment, owned)
             except KubeApiError as error:
                 if error.status not in (404, 409):
                     logger.warning("deployment %s/%s: %s", *_key(deployment), error)
 
-    def sync_one(self, deployment: JsonObject, owned: list[JsonObject]) -> None:
+    def _pods_of(self, replica_set: JsonObject, *, terminating: bool = False) -> list[JsonObject]:
+        uid = replica_set["metadata"]["uid"]
+        return [
+            pod
+            for pod in self.pods.objects()
+            if _controller_uid(pod, "ReplicaSet") == uid and (terminating or not _terminating(pod))
+        ]
+
+    def sync_one(self, deployment: JsonObject, replica_sets: list[JsonObject]) -> None:
         spec = deployment.get("spec") or {}
         wanted = int(spec.get("replicas", 1))
         current_hash = template_hash(spec.get("template") or {})
-        live = [pod for pod in owned if "deletionTimestamp" not in pod["metadata"]]
-        new = [pod for pod in live if _hash_of(pod) == current_hash]
-        old = [pod for pod in live if _hash_of(pod) != current_hash]
-        old_anywhere = [pod for pod in owned if _hash_of(pod) != current_hash]
+        live_sets = [rs for rs in replica_sets if not _terminating(rs)]
+        current = next((rs for rs in live_sets if _hash_of(rs) == current_hash), None)
+        if current is None:
+            current = self._create_replica_set(deployment, current_hash, replica_sets)
+        old_sets = sorted((rs for rs in live_sets if _hash_of(rs) != current_hash), key=_revision)
         strategy = spec.get("strategy") or {}
         if strategy.get("type") == "Recreate":
-            for pod in old:
-                self._delete(pod)
-            if not old_anywhere:
-                self._scale(deployment, new, wanted, current_hash)
+            for replica_set in old_sets:
+                if _spec_replicas(replica_set) > 0:
+                    self._scale(replica_set, 0)
+            if not any(self._pods_of(rs, terminating=True) for rs in old_sets):
+                self._scale(current, wanted)
         else:
-            rolling = strategy.get("rollingUpdate") or {}
-            surge = resolve_count(rolling.get("maxSurge", "25%"), wanted, round_up=True)
-            unavailable = resolve_count(
-                rolling.get("maxUnavailable", "25%"), wanted, round_up=False
-            )
-            if surge == 0 and unavailable == 0:
-                unavailable = 1
-            room = max(0, wanted + surge - len(live))
-            self._scale(deployment, new, min(wanted, len(new) + room), current_hash)
-            for pod in [pod for pod in old if not _ready(pod)]:
-                self._delete(pod)
-            ready_old = [pod for pod in old if _ready(pod)]
-            ready_now = sum(1 for pod in new if _ready(pod)) + len(ready_old)
-            for pod in ready_old[: max(0, ready_now - (wanted - unavailable))]:
-                self._delete(pod)
-        self._record(deployment, current_hash)
+            self._roll(spec, wanted, current, old_sets)
+        self._record(deployment, current, old_sets)
 
-    def _scale(
-        self, deployment: JsonObject, new: list[JsonObject], count: int, current_hash: str
+    def _roll(
+        self,
+        spec: JsonObject,
+        wanted: int,
+        current: JsonObject,
+        old_sets: list[JsonObject],
     ) -> None:
-        for _ in range(count - len(new)):
-            self._create_pod(deployment, current_hash)
-        surplus = sorted(new, key=_ready)[: max(0, len(new) - count)]
-        for pod in surplus:
-            self._delete(pod)
+        """RollingUpdate: grow the new ReplicaSet within maxSurge, shrink the old ones (their
+        unready pods first) while replicas - maxUnavailable pods stay ready."""
+        rolling = (spec.get("strategy") or {}).get("rollingUpdate") or {}
+        surge = resolve_count(rolling.get("maxSurge", "25%"), wanted, round_up=True)
+        unavailable = resolve_count(rolling.get("maxUnavailable", "25%"), wanted, round_up=False)
+        if surge == 0 and unavailable == 0:
+            unavailable = 1
+        total = sum(_spec_replicas(rs) for rs in [current, *old_sets])
+        room = max(0, wanted + surge - total)
+        self._scale(current, min(wanted, _spec_replicas(current) + room))
+        new_ready = sum(1 for pod in self._pods_of(current) if _ready(pod))
+        old_pods = {rs["metadata"]["name"]: self._pods_of(rs) for rs in old_sets}
+        ready_now = new_ready + sum(_ready(pod) for pods in old_pods.values() for pod in pods)
+        removable = max(0, ready_now - (wanted - unavailable))
+        for replica_set in old_sets:
+            pods = old_pods[replica_set["metadata"]["name"]]
+            unready = sum(1 for pod in pods if not _ready(pod))
+            take = min(len(pods) - unready, removable)
+            removable -= take
+            target = max(0, min(_spec_replicas(replica_set), len(pods)) - unready - take)
+            if target != _spec_replicas(replica_set):
+                self._scale(replica_set, target)
 
-    def _create_pod(self, deployment: JsonObject, current_hash: str) -> None:
-        meta = deployment["metadata"]
-        template = deployment["spec"].get("template") or {}
+    def _create_replica_set(
+        self, deployment: JsonObject, current_hash: str, replica_sets: list[JsonObject]
+    ) -> JsonObject:
+        meta, spec = deployment["metadata"], deployment.get("spec") or {}
+        template = spec.get("template") or {}
         template_meta = template.get("metadata") or {}
-        suffix = "".join(secrets.choice(_NAME_ALPHABET) for _ in range(5))
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
+        labels = {**(template_meta.get("labels") or {}), TEMPLATE_HASH_LABEL: current_hash}
+        selector = (spec.get("selector") or {}).get("matchLabels") or {}
+        revision = 1 + max((_revision(rs) for rs in replica_sets), default=0)
+        replica_set = {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
             "metadata": {
-                "name": f"{meta['name']}-{current_hash}-{suffix}",
+                "name": f"{meta['name']}-{current_hash}",
                 "namespace": meta["namespace"],
-                "labels": {
-                    **(template_meta.get("labels") or {}),
-                    TEMPLATE_HASH_LABEL: current_hash,
-                },
-                "annotations": dict(template_meta.get("annotations") or {}),
-                "ownerReferences": [
-                    {
-                        "apiVersion": "apps/v1",
-                        "kind": "Deployment",
-                        "name": meta["name"],
-                        "uid": meta["uid"],
-                        "controller": True,
-                        "blockOwnerDeletion": True,
-                    }
-                ],
+                "labels": labels,
+                "annotations": {REVISION_ANNOTATION: str(revision)},
+                "ownerReferences": [_owner_reference(deployment, "Deployment")],
             },
-            "spec": template.get("spec") or {},
+            "spec": {
+                "replicas": 0,
+                "selector": {"matchLabels": {**selector, TEMPLATE_HASH_LABEL: current_hash}},
+                "template": {
+                    "metadata": {**template_meta, "labels": labels},
+                    "spec": template.get("spec") or {},
+                },
+            },
         }
-        created = self.api.request("POST", f"/api/v1/namespaces/{meta['namespace']}/pods", body=pod)
-        self.pods.remember(created)
-        logger.info(
-            "deployment %s/%s: created pod %s",
-            meta["namespace"],
-            meta["name"],
-            created["metadata"]["name"],
+        created = self.api.request(
+            "POST",
+            f"/apis/apps/v1/namespaces/{meta['namespace']}/replicasets",
+            body=replica_set,
         )
+        self.replica_sets.remember(created)
+        logger.info("deployment %s/%s: created replica set %s", *_key(deployment), current_hash)
+        return created
 
-    def _delete(self, pod: JsonObject) -> None:
-        namespace, name = _key(pod)
-        try:
-            answer = self.api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
-        except KubeApiError as error:
-            if error.status != 404:
-                raise
+    def _scale(self, replica_set: JsonObject, replicas: int) -> None:
+        if replicas == _spec_replicas(replica_set):
             return
-        if answer.get("kind") == "Pod" and "deletionTimestamp" in answer["metadata"]:
-            self.pods.remember(answer)  # terminating: its kubelet stops it, then removes it
-        elif answer.get("kind") == "Pod":
-            self.pods.forget(answer)
-        logger.info("deleted pod %s/%s", namespace, name)
+        namespace, name = _key(replica_set)
+        answer = self.api.request(
+            "PATCH",
+            f"/apis/apps/v1/namespaces/{namespace}/replicasets/{name}",
+            body={"spec": {"replicas": replicas}},
+            content_type=MERGE_PATCH,
+        )
+        self.replica_sets.remember(answer)
+        replica_set.setdefault("spec", {})["replicas"] = replicas
 
-    def _record(self, deployment: JsonObject, current_hash: str) -> None:
+    def _record(
+        self, deployment: JsonObject, current: JsonObject, old_sets: list[JsonObject]
+    ) -> None:
         """Write the status `kubectl rollout status` and Helm read, when it changed."""
         meta, spec = deployment["metadata"], deployment.get("spec") or {}
         wanted = int(spec.get("replicas", 1))
-        pods = self.pods.objects()
-        owned_now = [pod for pod in pods if _controller_uid(pod) == meta["uid"]]
-        live = [pod for pod in owned_now if "deletionTimestamp" not in pod["metadata"]]
+        new_pods = self._pods_of(current)
+        old_pods = [pod for rs in old_sets for pod in self._pods_of(rs, terminating=True)]
+        live = new_pods + [pod for pod in old_pods if not _terminating(pod)]
         rollout = Rollout(
             replicas=len(live),
-            updated=sum(1 for pod in live if _hash_of(pod) == current_hash),
+            updated=len(new_pods),
             ready=sum(1 for pod in live if _ready(pod)),
-            old=sum(1 for pod in owned_now if _hash_of(pod) != current_hash),
+            old=len(old_pods),
         )
         previous: JsonObject = deployment.get("status") or {}
         counts = {
@@ -344,7 +395,7 @@ class DeploymentController:
             if available
             else "Deployment does not have minimum availability.",
         )
-        replica_set = f"{meta['name']}-{current_hash}"
+        replica_set = current["metadata"]["name"]
         progressed = any(previous.get(k) != v for k, v in counts.items())
         old_progress = conditions.get("Progressing")
         if rollout.complete(wanted):
@@ -423,6 +474,98 @@ def _condition(
     }
 
 
+class ReplicaSetController:
+    """Keeps each ReplicaSet's pods at its spec.replicas (deleting unready pods first) and its
+    status current."""
+
+    def __init__(self, api: KubeApi, replica_sets: Informer, pods: Informer) -> None:
+        self.api = api
+        self.replica_sets = replica_sets
+        self.pods = pods
+
+    def sync(self) -> None:
+        for replica_set in self.replica_sets.objects():
+            if _terminating(replica_set):
+                continue
+            try:
+                self.sync_one(replica_set)
+            except KubeApiError as error:
+                if error.status not in (404, 409):
+                    logger.warning("replica set %s/%s: %s", *_key(replica_set), error)
+
+    def _live_pods(self, replica_set: JsonObject) -> list[JsonObject]:
+        uid = replica_set["metadata"]["uid"]
+        return [
+            pod
+            for pod in self.pods.objects()
+            if _controller_uid(pod, "ReplicaSet") == uid and not _terminating(pod)
+        ]
+
+    def sync_one(self, replica_set: JsonObject) -> None:
+        wanted = _spec_replicas(replica_set)
+        live = self._live_pods(replica_set)
+        for _ in range(wanted - len(live)):
+            self._create_pod(replica_set)
+        for pod in sorted(live, key=_ready)[: max(0, len(live) - wanted)]:
+            self._delete(pod)
+        live = self._live_pods(replica_set)
+        ready = sum(1 for pod in live if _ready(pod))
+        status = {
+            "replicas": len(live),
+            "fullyLabeledReplicas": len(live),
+            "readyReplicas": ready,
+            "availableReplicas": ready,
+            "observedGeneration": replica_set["metadata"].get("generation", 1),
+        }
+        if status == (replica_set.get("status") or {}):
+            return
+        namespace, name = _key(replica_set)
+        answer = self.api.request(
+            "PATCH",
+            f"/apis/apps/v1/namespaces/{namespace}/replicasets/{name}/status",
+            body={"status": status},
+            content_type=MERGE_PATCH,
+        )
+        self.replica_sets.remember(answer)
+
+    def _create_pod(self, replica_set: JsonObject) -> None:
+        namespace, name = _key(replica_set)
+        template = replica_set["spec"].get("template") or {}
+        template_meta = template.get("metadata") or {}
+        suffix = "".join(secrets.choice(_NAME_ALPHABET) for _ in range(5))
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{name}-{suffix}",
+                "namespace": namespace,
+                "labels": dict(template_meta.get("labels") or {}),
+                "annotations": dict(template_meta.get("annotations") or {}),
+                "ownerReferences": [_owner_reference(replica_set, "ReplicaSet")],
+            },
+            "spec": template.get("spec") or {},
+        }
+        created = self.api.request("POST", f"/api/v1/namespaces/{namespace}/pods", body=pod)
+        self.pods.remember(created)
+        logger.info(
+            "replica set %s/%s: created pod %s", namespace, name, created["metadata"]["name"]
+        )
+
+    def _delete(self, pod: JsonObject) -> None:
+        namespace, name = _key(pod)
+        try:
+            answer = self.api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        except KubeApiError as error:
+            if error.status != 404:
+                raise
+            return
+        if answer.get("kind") == "Pod" and _terminating(answer):
+            self.pods.remember(answer)  # terminating: its kubelet stops it, then removes it
+        elif answer.get("kind") == "Pod":
+            self.pods.forget(answer)
+        logger.info("deleted pod %s/%s", namespace, name)
+
+
 class ControllerManager:
     """The controllers, each pass over everything; a pass runs after any change (at most
     every 0.1 s) and every `resync_seconds` (progress deadlines)."""
@@ -433,11 +576,19 @@ class ControllerManager:
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self.deployments = self._informer("/apis/apps/v1/deployments")
+        self.replica_sets = self._informer("/apis/apps/v1/replicasets")
         self.pods = self._informer("/api/v1/pods")
-        self.deployment_controller = DeploymentController(api, self.deployments, self.pods)
+        self.deployment_controller = DeploymentController(
+            api, self.deployments, self.replica_sets, self.pods
+        )
+        self.replica_set_controller = ReplicaSetController(api, self.replica_sets, self.pods)
         self._threads = [
             threading.Thread(target=i.run, name=f"controllers-watch-{n}", daemon=True)
-            for n, i in (("deployments", self.deployments), ("pods", self.pods))
+            for n, i in (
+                ("deployments", self.deployments),
+                ("replicasets", self.replica_sets),
+                ("pods", self.pods),
+            )
         ]
         self._threads.append(threading.Thread(target=self._loop, name="controllers", daemon=True))
 
@@ -457,10 +608,12 @@ class ControllerManager:
         while not self._stopping.is_set():
             self._wake.wait(self.resync_seconds)
             self._wake.clear()
-            if not (self.deployments.synced.is_set() and self.pods.synced.is_set()):
+            informers = (self.deployments, self.replica_sets, self.pods)
+            if not all(informer.synced.is_set() for informer in informers):
                 continue
-            try:
-                self.deployment_controller.sync()
-            except Exception:
-                logger.exception("syncing Deployments failed")
+            for controller in (self.deployment_controller, self.replica_set_controller):
+                try:
+                    controller.sync()
+                except Exception:
+                    logger.exception("%s failed", type(controller).__name__)
             self._stopping.wait(0.1)
