@@ -21,6 +21,7 @@ from smoothscale.devcluster.apiserver.auth import Attributes, read_audit_log, ru
 pytestmark = pytest.mark.cluster
 
 PIPELINE = "examples.pipelines.running_count:pipeline"
+KOPF_PEERING: dict[str, Any] = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering"}
 TASKS = 2
 
 
@@ -31,23 +32,34 @@ class Release:
     """Where the operator runs."""
     apps_namespace: str
     cluster_wide: bool
+    peering: bool
 
     @property
     def service_account(self) -> str:
         return f"system:serviceaccount:{self.namespace}:{self.name}"
 
 
-@pytest.fixture(params=["namespaced", "cluster-wide"])
+@pytest.fixture(params=["namespaced", "cluster-wide", "namespaced-peering"])
 def release(request: pytest.FixtureRequest, cluster: Cluster, namespace: str) -> Iterator[Release]:
     """The chart installed with the real helm, its operator Deployment rolled out."""
     cluster_wide = request.param == "cluster-wide"
+    peering = request.param.endswith("peering")
     release = Release(
-        f"smoothscale-{uuid.uuid4().hex[:6]}", f"{namespace}-op", namespace, cluster_wide
+        f"smoothscale-{uuid.uuid4().hex[:6]}", f"{namespace}-op", namespace, cluster_wide, peering
     )
     # The process kubelet runs every pod on this machine's network: the operator's ports and its
     # instances' must be free here (and below the ephemeral range, which clients take from).
     healthz = instance_ports(span=34)
     metrics, instances = healthz + 1, healthz + 2
+    if peering:  # the peering object is the user's to create (docs/install.md)
+        cluster.kubectl.ok(
+            "apply",
+            "-f",
+            "-",
+            stdin=json.dumps(
+                KOPF_PEERING | {"metadata": {"name": "default", "namespace": namespace}}
+            ),
+        )
     scope = (
         ["--set", "watch.allNamespaces=true"]
         if cluster_wide
@@ -69,6 +81,8 @@ def release(request: pytest.FixtureRequest, cluster: Cluster, namespace: str) ->
         f"instancePort={instances}",
         "--set",
         "logLevel=debug",
+        "--set",
+        f"peering.enabled={str(peering).lower()}",
         "--wait",
         "--timeout",
         "180s",

@@ -36,7 +36,7 @@ OPERATOR_PERMISSIONS: dict[tuple[str, str], set[str]] = {
     ("", "secrets"): {"get"},
 }
 # kopf peering: keep-alives in a KopfPeering (namespaced) or ClusterKopfPeering (cluster-wide).
-PEERING_VERBS = {"get", "list", "watch", "patch"}
+PEERING_VERBS = {"list", "watch", "patch"}
 
 NAMESPACED: dict[str, Any] = {}
 MULTI_NAMESPACE: dict[str, Any] = {"watch": {"namespaces": ["team-a", "team-b", "team-c"]}}

@@ -77,7 +77,7 @@ each rule). `peeringResource` is kopfpeerings (namespaced) or clusterkopfpeering
 {{- if .root.Values.peering.enabled }}
 - apiGroups: ["kopf.dev"]
   resources: [{{ .peeringResource | quote }}]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["list", "watch", "patch"]
 {{- end }}
 {{- end }}
 
