@@ -18,7 +18,7 @@ from e2e.kube import CHART, Kubectl
 from smoothscale.demo.scenario import instance_ports
 from smoothscale.devcluster.apiserver.auth import Attributes, read_audit_log, rule_allows
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.cluster]
 
 PIPELINE = "examples.pipelines.running_count:pipeline"
 KOPF_PEERING: dict[str, Any] = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering"}
