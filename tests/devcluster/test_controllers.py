@@ -124,6 +124,10 @@ def test_a_deployment_runs_its_pods_and_rolls_out_once_they_are_ready(
         "Progressing": "NewReplicaSetAvailable",
     }
     assert kubectl("get", "deployment", "web", "--no-headers").split()[1:4] == ["2/2", "2", "2"]
+    wait_until(
+        lambda: kubectl("get", "replicasets", "--no-headers").split()[1:4] == ["2", "2", "2"],
+        "the ReplicaSet's status counts its ready pods",
+    )
 
 
 def test_recreate_replaces_the_pods_only_once_the_old_ones_are_gone(

@@ -220,6 +220,24 @@ _BUILTIN: dict[tuple[str, str], tuple[list[PrinterColumn], Callable[[JsonObject]
             human_age(deployment["metadata"].get("creationTimestamp")),
         ],
     ),
+    ("apps", "replicasets"): (
+        _builtin_columns(
+            [
+                ("Name", "string", 0),
+                ("Desired", "integer", 0),
+                ("Current", "integer", 0),
+                ("Ready", "integer", 0),
+                ("Age", "string", 0),
+            ]
+        ),
+        lambda replica_set: [
+            replica_set["metadata"]["name"],
+            replica_set.get("spec", {}).get("replicas", 1),
+            replica_set.get("status", {}).get("replicas", 0),
+            replica_set.get("status", {}).get("readyReplicas", 0),
+            human_age(replica_set["metadata"].get("creationTimestamp")),
+        ],
+    ),
     ("", "namespaces"): (
         _builtin_columns([("Name", "string", 0), ("Status", "string", 0), ("Age", "string", 0)]),
         lambda ns: [
