@@ -80,8 +80,6 @@ def release(request: pytest.FixtureRequest, cluster: Cluster, namespace: str) ->
         "--set",
         f"instancePort={instances}",
         "--set",
-        "logLevel=debug",
-        "--set",
         f"peering.enabled={str(peering).lower()}",
         "--wait",
         "--timeout",

@@ -212,12 +212,7 @@ class Rollout:
     """Old-template pods still there, terminating ones included."""
 
     def complete(self, wanted: int) -> bool:
-        return (
-            self.updated == wanted
-            and self.replicas == wanted
-            and self.ready == wanted
-            and (self.old == 0)
-        )
+        return self.updated == self.replicas == self.ready == wanted and self.old == 0
 
 
 class DeploymentController:
