@@ -151,6 +151,7 @@ def test_the_api_server_fills_in_the_documented_defaults(schema: dict[str, Any])
     assert spec["pipeline"]["triggerInterval"] == "1s"
     assert spec["kafka"]["security"] == {"securityProtocol": "PLAINTEXT"}
     assert spec["scaling"] == {
+        "strategy": "WarmUp",
         "acceptableRecoveryLag": 10000,
         "maxWarmupReplicas": 2,
         "numStandbyReplicas": 0,

@@ -144,6 +144,23 @@ def test_validate_only_creates_nothing(kafka_front: KafkaFront) -> None:
     assert name not in partition_counts(kafka_front)
 
 
+def test_delete_topics_deletes_a_topic_and_what_the_front_kept_about_it(
+    kafka_front: KafkaFront,
+) -> None:
+    name = unique("doomed")
+    create(kafka_front, NewTopic(name, 2, config={"cleanup.policy": "compact"}))
+    produce(kafka_front, name, [(b"k", b"v")])
+    client = admin(kafka_front)
+    client.delete_topics([name], operation_timeout=10)[name].result(10)
+    assert name not in client.list_topics(timeout=10).topics
+    with pytest.raises(KafkaException) as missing:
+        client.delete_topics([name], operation_timeout=10)[name].result(10)
+    assert missing.value.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+    create(kafka_front, NewTopic(name, 1))  # the same name again: a new, empty topic
+    assert partition_counts(kafka_front)[name] == 1
+    assert topic_configs(kafka_front, name).get("cleanup.policy") == "delete", "configs forgotten"
+
+
 def test_topics_created_on_the_broker_describe_kafkas_defaults(kafka_front: KafkaFront) -> None:
     name = unique("direct")
     kafka_front.kafka.create_topic(name, 2)

@@ -274,3 +274,22 @@ def test_a_closed_cluster_no_longer_accepts_connections() -> None:
             reader.list_topics(timeout=1)
     finally:
         reader.close()
+
+
+def test_mock_limit_a_partition_keeps_only_its_last_megabytes(kafka_cluster: EmbeddedKafka) -> None:
+    """The mock drops a partition's oldest records beyond about 5 MB, like retention: local
+    runs must keep changelog partitions under it (docs/local-control-plane.md)."""
+    kafka_cluster.create_topic("big", 1)
+    producer = Producer({"bootstrap.servers": kafka_cluster.bootstrap_servers})
+    for i in range(60_000):
+        producer.produce("big", key=b"k%d" % i, value=b"v" * 100, partition=0)
+        if i % 5_000 == 0:
+            producer.poll(0)
+    producer.flush(30)
+    consumer = Consumer({"bootstrap.servers": kafka_cluster.bootstrap_servers, "group.id": "g"})
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition("big", 0), timeout=10)
+    finally:
+        consumer.close()
+    assert high == 60_000
+    assert 0 < high - low < 60_000, "the oldest records are gone"

@@ -39,6 +39,25 @@ def test_a_warmup_that_keeps_pace_with_a_busy_owner_is_judged_on_its_own_view(
         reader.close()
 
 
+def test_every_commit_carries_the_next_beat_so_a_silent_instance_can_be_told(
+    embedded_kafka: EmbeddedKafka,
+) -> None:
+    app = unique("app")
+    stores = _changelog_with(embedded_kafka, app, 10)
+    committer = ProgressCommitter(embedded_kafka.bootstrap_servers, app, "pod-a", stores)
+    reader = ProgressReader(embedded_kafka.bootstrap_servers, app, stores)
+    same = TaskReport(0, ReportedRole.WARMUP, 1, 1, positions={"counts": 10}, ends={"counts": 10})
+    try:
+        beats = []
+        for _ in range(3):
+            committer.commit([same])
+            beats.append(reader.read(["pod-a"], tasks=2)[("pod-a", 0)].report.beat)
+        assert beats == [1, 2, 3], "the same facts, reported again, still beat"
+    finally:
+        committer.close()
+        reader.close()
+
+
 def test_without_reported_ends_lag_is_against_the_current_end(
     embedded_kafka: EmbeddedKafka,
 ) -> None:

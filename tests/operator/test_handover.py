@@ -82,6 +82,7 @@ class Cluster:
     """The highest epoch of each task written to Kafka so far."""
     rewrite_all: bool = False
     """Set by a restart: the next poll writes every assignment of the rebuilt ledger."""
+    config: PlannerConfig = CONFIG
 
     def start(self, *names: str) -> None:
         for name in names:
@@ -126,7 +127,7 @@ class Cluster:
 
     def poll(self, killed_after_writes: int | None = None) -> Step:
         """One poll of the operator; `killed_after_writes`: it dies after that many writes."""
-        result = step(self.ledger, self.observe(), self.tasks, CONFIG)
+        result = step(self.ledger, self.observe(), self.tasks, self.config)
         self._check_nothing_goes_back(result)
         self.ledger = result.ledger
         self.history.append(result)
@@ -322,6 +323,23 @@ def test_scale_out_warms_up_first_and_moves_nothing_while_the_warmups_are_behind
         result = cluster.poll()
     assert cluster.actives() == {"a": [0, 1, 2, 3], "b": []}
     assert result.ledger.assignments["b"].tasks_in(TaskRole.WARMUP) == {2, 3}
+
+
+def test_stop_the_world_hands_tasks_to_a_new_instance_at_once_through_the_release() -> None:
+    eager = PlannerConfig(
+        acceptable_recovery_lag=CONFIG.acceptable_recovery_lag, stop_the_world=True
+    )
+    cluster = Cluster(tasks=4, catch_up_per_poll=0, config=eager)
+    cluster.start("a")
+    cluster.run_until_settled()
+    cluster.start("b")
+    cluster.run_until_settled()
+    assert cluster.actives() == {"a": [0, 1], "b": [2, 3]}, "moved with nothing restored yet"
+    assert all(
+        held.role is not TaskRole.WARMUP
+        for a in cluster.ledger.assignments.values()
+        for held in a.tasks.values()
+    )
 
 
 def test_the_new_owner_is_active_only_after_the_old_owner_released() -> None:

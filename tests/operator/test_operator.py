@@ -194,6 +194,37 @@ def test_a_pipeline_that_cannot_be_imported_is_degraded_with_the_reason_not_a_si
     assert warnings[0]["type"] == "Warning", warnings
 
 
+def test_deletion_policy_delete_deletes_the_apps_state_topics_and_never_its_data(
+    local_cluster: StackInfo, namespace: str, operator: Path
+) -> None:
+    kubectl = Kubectl(kubectl_binary(), local_cluster.kubeconfig)
+    name = "scratch"
+    bootstrap = local_cluster.kafka_bootstrap
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for topic in (f"{name}-in", f"{name}-out"):
+        admin.create_topics([NewTopic(topic, 2)])[topic].result(30)
+    kubectl.ok(
+        "apply", "-f", "-", stdin=app_manifest(namespace, name, bootstrap, deletionPolicy="Delete")
+    )
+    app_id = names.default_application_id(namespace, name)
+    state = {names.changelog_topic(app_id, "counts"), names.assignments_topic(app_id)}
+    eventually(lambda: state <= set(admin.list_topics(timeout=10).topics), "the state topics", 60)
+
+    kubectl.ok("delete", "-n", namespace, "streamingapp", name, "--wait=false")
+    eventually(
+        lambda: not kubectl.json("get", "-n", namespace, "streamingapps")["items"],
+        "the app gone (its finalizer released every task and deleted the pods)",
+        180,
+    )
+
+    topics = set(admin.list_topics(timeout=10).topics)
+    assert not state & topics, "the state topics are gone"
+    kept = {f"{name}-in", f"{name}-out", names.dead_letter_topic(app_id)}
+    assert kept <= topics, "input, output and dead letters are the user's data"
+    reasons = {e.get("reason") for e in events(kubectl, namespace)}
+    assert {"Released", "StateDeleted"} <= reasons, reasons
+
+
 def test_replicas_above_the_task_count_are_capped_and_the_status_says_so(
     local_cluster: StackInfo, namespace: str, operator: Path
 ) -> None:

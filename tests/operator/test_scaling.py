@@ -7,6 +7,7 @@ processed by two instances at once.
 
 import io
 import json
+import signal
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +21,7 @@ from smoothscale.demo.scenario import (
     NAMESPACE,
     STORE,
     DemoOptions,
+    Operator,
     Session,
     session,
 )
@@ -256,7 +258,7 @@ def test_a_source_restarted_in_place_mid_hand_over_still_ends_the_hand_over(
             lambda: any(task.get("handover") for task in watcher.status.get("tasks") or []),
             "a hand-over in flight",
         )
-        running.kill_container(f"{APP_NAME}-0")
+        running.signal_container(f"{APP_NAME}-0", signal.SIGKILL)
         watcher.run_until(lambda: watcher.settled(2), "the scale-out")
         restarts = json.loads(
             running.kubectl("get", "pod", "-n", NAMESPACE, f"{APP_NAME}-0", "-o", "json")
@@ -349,10 +351,11 @@ def test_a_changed_pod_template_rolls_the_pods_one_at_a_time_through_warm_ups(
             )
 
         with running.phase("rolling update"):
-            patch = {"spec": {"env": [{"name": "ROLLOUT", "value": "2"}]}}
+            variable = {"name": "ROLLOUT", "value": "2"}
+            patch = [{"op": "add", "path": "/spec/env/-", "value": variable}]
             running.kubectl(
                 "patch", "-n", NAMESPACE, "streamingapp", APP_NAME,
-                "--type", "merge", "-p", json.dumps(patch),
+                "--type", "json", "-p", json.dumps(patch),
             )  # fmt: skip
             watcher.run_until(rolled, "the rolling update")
             watcher.hold()
@@ -366,4 +369,79 @@ def test_a_changed_pod_template_rolls_the_pods_one_at_a_time_through_warm_ups(
         first_drained = story.index("event Drained")
         assert surge_created < first_drained, "the new pod comes before an old one goes"
         assert "warning " not in story.split("--type")[1], "a planned roll warns of nothing"
+        assert running.finish(), out.getvalue()
+
+
+def peered(priority: int) -> tuple[str, ...]:
+    return ("--peering", "smoothscale", "--priority", str(priority))
+
+
+def test_two_operator_replicas_the_leader_killed_mid_hand_over_the_other_finishes_it(
+    tmp_path: Path,
+) -> None:
+    """Two peered operators (kopf peering, as the chart runs replicas > 1): only the leader
+    acts; SIGKILLed in the middle of a hand-over, the other takes over once the leader's
+    keepalive runs out and finishes the scale-out, exact, no two owners."""
+    out = io.StringIO()
+    with session(options(tmp_path), out) as running:
+        watcher = running.watcher
+        running.operator.stop()
+        running.apply(replicas=1)
+        peering = {
+            "apiVersion": "kopf.dev/v1",
+            "kind": "KopfPeering",
+            "metadata": {"name": "smoothscale", "namespace": NAMESPACE},
+        }
+        running.kubectl("apply", "-f", "-", stdin=json.dumps(peering))
+        kubeconfig = running.operator.kubeconfig
+        leader = Operator(kubeconfig, tmp_path / "leader.log", peered(priority=20))
+        spare = Operator(kubeconfig, tmp_path / "spare.log", peered(priority=10))
+        running.operator = watcher.operator = leader
+        try:
+            watcher.run_until(lambda: watcher.settled(1), "the first instance running")
+            assert "control loop starts" not in (tmp_path / "spare.log").read_text()
+            running.feed.start()
+            running.scale(2)
+            watcher.run_until(
+                lambda: any(task.get("handover") for task in watcher.status.get("tasks") or []),
+                "a hand-over in flight",
+            )
+            leader.kill()
+            running.say("SIGKILL to the leading operator")
+            running.operator = watcher.operator = spare
+            watcher.run_until(lambda: watcher.settled(2), "the scale-out, by the spare")
+            assert "control loop starts" in (tmp_path / "spare.log").read_text()
+        finally:
+            leader.stop()
+        assert running.finish(), out.getvalue()
+
+
+def test_a_warmup_pod_that_hangs_gets_nothing_and_a_condition_says_why(tmp_path: Path) -> None:
+    """The new pod is frozen (SIGSTOP: hung, or starved of CPU) while it warms up: no task
+    moves to it on the word of its last report, its owner keeps processing, and the app is
+    Degraded with InstanceNotReporting; thawed, it catches up and the scale-out finishes."""
+    out = io.StringIO()
+    with session(options(tmp_path, backlog=40_000), out) as running:
+        watcher = running.watcher
+        start_steady(running)
+        running.scale(2)
+        watcher.run_until(
+            lambda: len(pod_uids(running)) == 2 and "WarmupStarted" in out.getvalue(),
+            "the new pod warming up",
+        )
+        frozen = f"{APP_NAME}-1"
+        running.signal_container(frozen, signal.SIGSTOP)
+        try:
+            watcher.run_until(
+                lambda: any(
+                    c.get("reason") == "InstanceNotReporting" and c.get("status") == "True"
+                    for c in watcher.status.get("conditions") or []
+                ),
+                "the InstanceNotReporting condition",
+            )
+            assert f"{frozen} is now active" not in out.getvalue(), "nothing moved to it"
+        finally:
+            running.signal_container(frozen, signal.SIGCONT)
+        watcher.run_until(lambda: watcher.settled(2), "the scale-out once it is back")
+        assert f"warning InstanceNotReporting: {frozen}" in out.getvalue()
         assert running.finish(), out.getvalue()

@@ -360,3 +360,18 @@ def test_inconsistent_input_is_refused_with_what_to_fix(bad: Bad) -> None:
 def test_config_that_could_never_move_a_task_is_refused() -> None:
     with pytest.raises(ValueError, match="maxWarmupReplicas is 0"):
         PlannerConfig(max_warmup_replicas=0)
+
+
+# --- the stop-the-world baseline (spec.scaling.strategy StopTheWorld) -----------------------
+
+
+def test_stop_the_world_moves_every_task_to_its_balanced_owner_at_once_warm_or_not() -> None:
+    state = scale_out_2_to_4()
+    eager = ClusterState(
+        state.tasks, state.instances, PlannerConfig(stop_the_world=True, max_warmup_replicas=2)
+    )
+    result = plan(eager)
+    owners = {"app-0": [0, 1, 2], "app-2": [3, 4, 5], "app-1": [6, 7, 8], "app-3": [9, 10, 11]}
+    assert actives(result) == owners, "the new, not yet ready instances take theirs at once"
+    assert not any(m.kind is MoveKind.START_WARMUP for m in result.moves), "no warm-up"
+    assert plan(advance(eager, result)).converged, "one plan is the whole move"

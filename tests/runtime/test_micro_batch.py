@@ -4,23 +4,33 @@ tasks not active here, and a batch delivered twice."""
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from confluent_kafka import Producer
+from examples.pipelines.running_count import add_count, count_per_user
 from examples.pipelines.tumbling_window import pipeline as tumbling_window
 from pyspark.sql import SparkSession
 
 from smoothscale.kafka.assignments import Assignment, AssignmentWriter, TaskAssignment
 from smoothscale.kafka.embedded import EmbeddedKafka
+from smoothscale.kafka.progress import ProgressReader
+from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.instance import Instance
 from smoothscale.runtime.metrics import InstanceMetrics
-from smoothscale.runtime.source import SCHEMA
+from smoothscale.runtime.pipeline import Output, Pipeline
+from smoothscale.runtime.source import SCHEMA, read_plan
 from smoothscale.runtime.spark import local_session
 from smoothscale.runtime.worker import MicroBatch, dead_letter_sender
 from smoothscale.tasks import TaskRole
 from tests.runtime.instance_helpers import PARTITIONS, app_config, for_instance
 from tests.runtime.kafka_helpers import read_committed, wait_for
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 pytestmark = pytest.mark.spark
 
@@ -101,3 +111,170 @@ def test_a_batch_applies_window_updates_once_and_sends_its_dead_letters_in_its_t
     assert [(m.key(), m.value()) for m in dead] == [(b"bob", b"{oops")]
     assert 'smoothscale_dead_letters_total{reason="malformed-json"} 1.0' in exposition
     assert 'smoothscale_records_processed_total{task="0"} 4.0' in exposition
+
+
+def counting(
+    *, raise_in_aggregate: str | None = None, raise_in_apply: str | None = None
+) -> Pipeline:
+    """The running count, with a user on whom its aggregate (in Spark's Python workers) or its
+    apply (on the driver) raises, as a buggy pipeline does on some records."""
+
+    def aggregate(batch: "DataFrame") -> "DataFrame":
+        from pyspark.sql import functions as F
+
+        def check(user: str) -> bool:
+            if user == raise_in_aggregate:
+                raise ValueError(f"cannot count {user}")
+            return True
+
+        checked = batch.where(F.udf(check, "boolean")(F.col("user")))
+        return count_per_user(checked)
+
+    def apply(user: str, old: int | None, update: int) -> tuple[int, list[Output]]:
+        if user == raise_in_apply:
+            raise KeyError(f"no rule for {user}")
+        return add_count(user, old, update)
+
+    return Pipeline(
+        store="counts",
+        value_schema="user STRING",
+        key_column="user",
+        aggregate=aggregate,
+        apply=apply,
+    )
+
+
+@contextmanager
+def active_instance(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path, pipeline: Pipeline
+) -> Iterator[tuple[Instance, InstanceMetrics, WorkerConfig]]:
+    config = app_config(embedded_kafka, tmp_path)  # its "counts" changelog exists
+    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    operator.write(
+        "pod-a", Assignment(generation=1, tasks={0: TaskAssignment(role=TaskRole.ACTIVE, epoch=1)})
+    )
+    operator.close()
+    metrics = InstanceMetrics()
+    worker_config = for_instance(config, "pod-a")
+    worker_config.state_dir.mkdir(parents=True)
+    instance = Instance(
+        worker_config,
+        pipeline,
+        metrics,
+        worker_config.state_dir / "plan.json",
+        dead_letter_sender(config.dead_letters()),
+    )
+    instance.start(first_assignment_timeout=5)
+    try:
+
+        def activated() -> bool:
+            instance.tick()
+            return instance.active_tasks() == {0: 1}
+
+        wait_for(activated, 10, "the activation")
+        yield instance, metrics, config
+    finally:
+        instance.shutdown(timeout=10)
+
+
+def user_record(topic: str, offset: int, user: str) -> Row:
+    return (topic, 0, offset, user.encode(), json.dumps({"user": user}).encode(), datetime.now(UTC))
+
+
+def headers_of(message: Any) -> dict[str, str]:
+    return {name: value.decode() for name, value in message.headers() or []}
+
+
+def test_records_the_pipelines_aggregate_raises_on_go_to_dead_letters_and_the_rest_commits(
+    spark: SparkSession, embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    pipeline = counting(raise_in_aggregate="mallory")
+    with active_instance(embedded_kafka, tmp_path, pipeline) as (instance, metrics, config):
+        topic = config.input_topics[0]
+        users = ["alice", "alice", "mallory", "bob", "alice"]
+        rows = [user_record(topic, offset, user) for offset, user in enumerate(users)]
+        MicroBatch(instance, pipeline, metrics)(spark.createDataFrame(rows, SCHEMA), 0)
+        state = instance.state_snapshot(0)
+        exposition = metrics.exposition().decode()
+        reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
+        try:
+            reported = reader.reports("pod-a", PARTITIONS)[0]
+        finally:
+            reader.close()
+
+    assert state == {"alice": 3, "bob": 1}, "every other record counted once"
+    assert reported.error is not None, "the operator gets to show it"
+    assert "cannot count mallory" in reported.error
+    (dead,) = read_committed(config.bootstrap_servers, config.dead_letters(), PARTITIONS)
+    assert dead.key() == b"mallory"
+    headers = headers_of(dead)
+    assert headers["smoothscale.reason"] == "pipeline-error"
+    assert headers["smoothscale.origin.offset"] == "2"
+    assert "cannot count mallory" in headers["smoothscale.error"]
+    assert 'smoothscale_dead_letters_total{reason="pipeline-error"} 1.0' in exposition
+
+
+def test_records_of_a_key_the_pipelines_apply_raises_on_go_to_dead_letters_its_state_unchanged(
+    spark: SparkSession, embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    pipeline = counting(raise_in_apply="mallory")
+    with active_instance(embedded_kafka, tmp_path, pipeline) as (instance, metrics, config):
+        topic = config.input_topics[0]
+        users = ["alice", "mallory", "bob", "mallory"]
+        rows = [user_record(topic, offset, user) for offset, user in enumerate(users)]
+        MicroBatch(instance, pipeline, metrics)(spark.createDataFrame(rows, SCHEMA), 0)
+        state = instance.state_snapshot(0)
+
+    assert state == {"alice": 1, "bob": 1}
+    dead = read_committed(config.bootstrap_servers, config.dead_letters(), PARTITIONS)
+    assert sorted(int(headers_of(m)["smoothscale.origin.offset"]) for m in dead) == [1, 3]
+    assert all("no rule for mallory" in headers_of(m)["smoothscale.error"] for m in dead)
+
+
+def test_a_pipeline_that_raises_on_a_whole_large_batch_fails_it_and_commits_nothing(
+    spark: SparkSession, embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    """Past a few records per batch the error is the pipeline's, not the records': the batch
+    fails (the instance restarts, the operator shows why) and nothing is committed or lost."""
+    pipeline = counting(raise_in_aggregate="alice")
+    with active_instance(embedded_kafka, tmp_path, pipeline) as (instance, metrics, config):
+        topic = config.input_topics[0]
+        rows = [user_record(topic, offset, "alice") for offset in range(200)]
+        with pytest.raises(Exception, match="cannot count alice"):
+            MicroBatch(instance, pipeline, metrics)(spark.createDataFrame(rows, SCHEMA), 0)
+        state = instance.state_snapshot(0)
+
+    assert state == {}
+    assert read_committed(config.bootstrap_servers, config.dead_letters(), PARTITIONS) == []
+
+
+def test_a_new_instance_warms_its_query_on_a_sample_it_does_not_own_and_commits_nothing(
+    spark: SparkSession, embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    """Instance.warm_up puts recent records of a partition it does not own in the plan; the
+    next batch runs the pipeline over them (decode, aggregate) and drops the result; the
+    sample then leaves the plan."""
+    pipeline = counting()
+    with active_instance(embedded_kafka, tmp_path, pipeline) as (instance, metrics, config):
+        topic = config.input_topics[0]
+        producer = Producer({"bootstrap.servers": config.bootstrap_servers})
+        for _ in range(5):
+            producer.produce(topic, key=b"zoe", value=b'{"user": "zoe"}', partition=1)
+        producer.flush(10)
+
+        assert instance.warm_up(records=3)
+        planned = read_plan(instance.plan_path)
+        assert planned.partitions[f"{topic}:1"] == 2, "the last 3 of offsets 0..4"
+        assert instance.warm_up_from() == {(topic, 1): 2}
+        sample = [user_record(topic, offset, "zoe") for offset in range(2, 5)]
+        rows = [(t, 1, o, k, v, ts) for (t, _p, o, k, v, ts) in sample]
+        MicroBatch(instance, pipeline, metrics)(spark.createDataFrame(rows, SCHEMA), 0)
+        assert instance.warmed.is_set()
+        assert instance.warm_up_from() == {}
+        instance.end_warm_up()
+        after = read_plan(instance.plan_path)
+        state = instance.state_snapshot(0)
+
+    assert f"{topic}:1" not in after.partitions
+    assert state == {}, "nothing of the sample applied"
+    assert read_committed(config.bootstrap_servers, config.output_topic, PARTITIONS) == []

@@ -1,5 +1,7 @@
 """The report channel: reports round-trip through committed offsets, and lag follows from them."""
 
+from dataclasses import replace
+
 from confluent_kafka import Producer
 
 from smoothscale.kafka import names
@@ -47,12 +49,12 @@ def test_reports_round_trip_and_lag_is_end_minus_restore_position(
     finally:
         reader.close()
     assert set(progress) == {("pod-a", 0), ("pod-a", 1), ("pod-b", 0)}
-    assert progress[("pod-a", 0)].report == warmup
+    assert progress[("pod-a", 0)].report == replace(warmup, beat=1)
     assert progress[("pod-a", 0)].lag == 30
     assert progress[("pod-a", 1)].report.role is ReportedRole.RELEASED
     assert progress[("pod-a", 1)].lag == 0
     assert progress[("pod-b", 0)].lag == 0
-    assert progress[("pod-b", 0)].report == active, "an active's input position round-trips"
+    assert progress[("pod-b", 0)].report == replace(active, beat=1), "input positions round-trip"
 
 
 def test_a_newer_report_replaces_the_older_one(embedded_kafka: EmbeddedKafka) -> None:
@@ -66,7 +68,7 @@ def test_a_newer_report_replaces_the_older_one(embedded_kafka: EmbeddedKafka) ->
     reader = ProgressReader(embedded_kafka.bootstrap_servers, app, stores)
     try:
         assert reader.reports("pod-a", tasks=1) == {
-            0: TaskReport(0, ReportedRole.RELEASED, 1, 2, {"counts": 9})
+            0: TaskReport(0, ReportedRole.RELEASED, 1, 2, {"counts": 9}, beat=2)
         }
     finally:
         reader.close()

@@ -598,8 +598,28 @@ class KafkaSpec(ApiModel):
     """The pipeline's state stores (names unique); each is partitioned like the input."""
 
 
+class DeletionPolicy(StrEnum):
+    """What deleting the StreamingApp does to its state (spec.deletionPolicy)."""
+
+    RETAIN = "Retain"
+    DELETE = "Delete"
+
+
+class ScalingStrategy(StrEnum):
+    """How tasks move to a new owner (spec.scaling.strategy)."""
+
+    WARM_UP = "WarmUp"
+    STOP_THE_WORLD = "StopTheWorld"
+
+
 class ScalingSpec(ApiModel):
     """How smoothscale moves tasks between instances (the knobs of KIP-441)."""
+
+    strategy: ScalingStrategy = ScalingStrategy.WARM_UP
+    """WarmUp: a task moves only once its new owner has caught up, warmed up in the background
+    while the old owner keeps processing. StopTheWorld: every task goes at once to its new
+    owner, which restores the task's state before it processes it, as scaling works without
+    smoothscale; a baseline to measure against (benchmarks/scaling.py), not for production."""
 
     acceptable_recovery_lag: Annotated[int, Field(strict=True, ge=0)] = 10_000
     """A warm-up whose changelog lag (records, summed over the task's stores) is at most this is
@@ -653,6 +673,11 @@ class StreamingAppSpec(ApiModel):
     """Kafka connection, topics and state stores."""
     scaling: ScalingSpec = Field(default_factory=ScalingSpec, json_schema_extra={"default": {}})
     """How tasks move while scaling."""
+    deletion_policy: DeletionPolicy = DeletionPolicy.RETAIN
+    """When the StreamingApp is deleted, once every task is released and every pod is gone:
+    Retain keeps its changelog and assignments topics, so the app applied again under the same
+    name resumes exactly where it stopped; Delete deletes them (its state is gone for good).
+    The input, output and dead-letter topics are never deleted: they hold your data."""
 
 
 # ---------------------------------------------------------------------------------------------

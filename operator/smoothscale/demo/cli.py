@@ -21,15 +21,19 @@ def register(subparsers: "Subparsers[argparse.ArgumentParser]") -> None:
         ),
     )
     parser.add_argument("--tasks", type=int, default=6, help="input partitions (default 6)")
-    parser.add_argument("--keys", type=int, default=20_000, help="distinct users (default 20000)")
+    parser.add_argument("--keys", type=int, default=6_000, help="distinct users (default 6000)")
     parser.add_argument(
         "--backlog",
         type=int,
-        default=200_000,
-        help="records produced before the app is applied (default 200000)",
+        default=60_000,
+        help="records produced before the app is applied (default 60000)",
     )
     parser.add_argument(
-        "--rate", type=int, default=2_000, help="records per second afterwards (default 2000)"
+        "--rate",
+        type=int,
+        default=400,
+        help="records per second afterwards (default 400; the embedded broker keeps 5 MB per "
+        "partition, so much more makes the changelogs outgrow it: see docs/local-control-plane.md)",
     )
     parser.add_argument(
         "--workdir",

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +38,12 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from smoothscale.demo.timeline import read_committed, read_timelines, write_timelines
+from smoothscale.demo.timeline import (
+    TaskTimeline,
+    read_committed,
+    read_timelines,
+    write_timelines,
+)
 from smoothscale.devcluster.kafka import KafkaControl
 from smoothscale.devcluster.stack import LocalStack, StackInfo
 from smoothscale.kafka import names
@@ -60,15 +65,20 @@ QUIET = {"log.connection.close": "false"}
 class DemoOptions:
     workdir: Path
     tasks: int = 6
-    keys: int = 20_000
-    backlog: int = 200_000
+    keys: int = 6_000
+    backlog: int = 60_000
     """Records produced before the first instance starts: the state to restore later."""
-    rate: int = 2_000
-    """Records per second produced during the demo."""
+    rate: int = 400
+    """Records per second produced during the demo. With `keys` and `tasks` it sets how fast
+    each changelog partition grows (about min(rate, keys) / tasks records a second): the
+    embedded broker keeps only the last 5 MB of a partition (about 30,000 changelog records),
+    so the defaults keep every changelog under that for the whole demo."""
     trigger_interval: float = 1.0
     poll_interval: float = 1.0
     """The operator's lag poll interval (spec.scaling.lagPollInterval), and how often the demo
     prints and measures."""
+    strategy: str = "WarmUp"
+    """spec.scaling.strategy: WarmUp, or StopTheWorld for the baseline."""
     acceptable_recovery_lag: int = 10_000
     max_warmup_replicas: int = 2
     drain_timeout: float = 300.0
@@ -205,6 +215,7 @@ def streaming_app(options: DemoOptions, bootstrap_servers: str) -> dict[str, Any
                 "stateStores": [{"name": STORE}],
             },
             "scaling": {
+                "strategy": options.strategy,
                 "acceptableRecoveryLag": options.acceptable_recovery_lag,
                 "maxWarmupReplicas": options.max_warmup_replicas,
                 "lagPollInterval": seconds,
@@ -235,7 +246,10 @@ def instance_ports(span: int = 32) -> int:
 class Operator:
     """`smoothscale operator` as a process, serving the demo's namespace."""
 
-    def __init__(self, kubeconfig: Path, log_path: Path) -> None:
+    def __init__(
+        self, kubeconfig: Path, log_path: Path, mode: Sequence[str] = ("--standalone",)
+    ) -> None:
+        """`mode`: --standalone, or --peering NAME [--priority N] for one of several."""
         self.kubeconfig = kubeconfig
         self.log_path = log_path
         with log_path.open("ab") as log:
@@ -247,7 +261,7 @@ class Operator:
                     "operator",
                     "--namespace",
                     NAMESPACE,
-                    "--standalone",
+                    *mode,
                     "--metrics-port",
                     "0",
                     "--instance-port",
@@ -422,6 +436,12 @@ class Session:
     """Named parts of the story (wall-clock start and end) whose pauses `finish` measures."""
     longest_stops: dict[str, float] = field(default_factory=dict)
     """Per phase, the longest processing pause of any partition (set by `finish`)."""
+    lost: int = 0
+    """Updates of the reference missing from the output (set by `finish`)."""
+    doubled: int = 0
+    """Updates applied more than once (set by `finish`)."""
+    timelines: dict[int, TaskTimeline] = field(default_factory=dict)
+    """The ownership timeline of every task, read back from the changelog (set by `finish`)."""
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -454,9 +474,10 @@ class Session:
         self.operator = Operator(self.operator.kubeconfig, self.operator.log_path)
         self.watcher.operator = self.operator
 
-    def kill_container(self, pod: str) -> None:
-        """SIGKILL a pod's container, as the OOM killer does: the kubelet restarts it in place
-        (same pod, same disk). Local stack only: it signals the pod's processes directly."""
+    def signal_container(self, pod: str, signum: signal.Signals) -> None:
+        """Signal every process of a pod's container: SIGKILL as the OOM killer does (the
+        kubelet restarts it in place: same pod, same disk), SIGSTOP and SIGCONT to starve it
+        of CPU and give it back. Local stack only: it signals the pod's processes directly."""
         uid = self.kubectl(
             "get", "pod", "-n", NAMESPACE, pod, "-o", "jsonpath={.metadata.uid}", quiet=True
         ).strip()
@@ -470,8 +491,8 @@ class Session:
         if not groups:
             raise DemoError(f"no process of pod {pod} (uid {uid}) runs on this machine")
         for group in groups:
-            os.killpg(group, signal.SIGKILL)
-        self.say(f"SIGKILL to the container of {pod} (process groups {sorted(groups)})")
+            os.killpg(group, signum)
+        self.say(f"{signum.name} to the container of {pod} (process groups {sorted(groups)})")
 
     def finish(self) -> bool:
         """Stop the input, wait for the last records, compare with the reference, and check
@@ -486,11 +507,13 @@ class Session:
         doubled = sum(max(0, emitted.get(user, 0) - n) for user, n in reference.items())
         unknown = set(emitted) - set(reference)
         exact = lost == 0 and doubled == 0 and not unknown
+        self.lost, self.doubled = lost, doubled
         self.say(
             f"final state: {len(reference):,} users, {sum(reference.values()):,} records; "
             f"{lost} updates lost, {doubled} applied twice: " + ("EXACT" if exact else "NOT EXACT")
         )
         timelines = read_timelines(self.bootstrap, CHANGELOG_TOPIC, self.options.tasks, QUIET)
+        self.timelines = timelines
         path = self.options.workdir / "timeline.json"
         write_timelines(path, timelines)
         for name, start, end in self.phases:

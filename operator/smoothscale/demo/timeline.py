@@ -63,14 +63,26 @@ class TaskTimeline:
     stints: list[Stint] = field(default_factory=list)
     commits: list[float] = field(default_factory=list)
     """The times of the batch commits of the task's owner (the highest writer so far)."""
+    positions: list[int] = field(default_factory=list)
+    """The task's input position after each of those commits (summed over input topics)."""
     overlaps: list[Overlap] = field(default_factory=list)
     unreadable: int = 0
     """Records that are not smoothscale changelog records (counted, otherwise ignored)."""
 
     def longest_pause(self, start: float, end: float) -> float:
         """The longest time within [start, end] without a batch commit of the task."""
+        return max(self.pauses(start, end))
+
+    def pauses(self, start: float, end: float) -> list[float]:
+        """The times between consecutive batch commits of the task within [start, end]."""
         times = [start, *(t for t in self.commits if start < t < end), end]
-        return max(later - earlier for earlier, later in pairwise(times))
+        return [later - earlier for earlier, later in pairwise(times)]
+
+    def processed(self, start: float, end: float) -> int:
+        """Input records the task's owners committed within [start, end]."""
+        before = [p for t, p in zip(self.commits, self.positions, strict=True) if t <= start]
+        until = [p for t, p in zip(self.commits, self.positions, strict=True) if t <= end]
+        return (until[-1] if until else 0) - (before[-1] if before else 0)
 
 
 def read_timelines(
@@ -117,6 +129,8 @@ def read_timelines(
         stint.last_commit = at
         if writer == newest:
             timeline.commits.append(at)
+            inputs = json.loads(record.value or b"{}").get("input") or {}
+            timeline.positions.append(sum(int(offset) for offset in inputs.values()))
         else:
             newer = stints[(task, newest)].instance
             offset = message.offset() or 0
@@ -132,6 +146,7 @@ def write_timelines(path: Path, timelines: Mapping[int, TaskTimeline]) -> None:
                 "task": timeline.task,
                 "stints": [asdict(stint) for stint in timeline.stints],
                 "commits": timeline.commits,
+                "positions": timeline.positions,
                 "overlaps": [asdict(overlap) for overlap in timeline.overlaps],
                 "unreadable": timeline.unreadable,
             }

@@ -55,7 +55,8 @@ _log = logging.getLogger(__name__)
 _CONNECTION_CLOSED = (asyncio.IncompleteReadError, ConnectionError)
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, FIND_COORDINATOR, API_VERSIONS = 0, 1, 2, 3, 10, 18
-CREATE_TOPICS, DELETE_RECORDS, DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 19, 21, 32, 44
+CREATE_TOPICS, DELETE_TOPICS, DELETE_RECORDS = 19, 20, 21
+DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 44
 _ALTER_CONFIGS, _DESCRIBE_CLUSTER = 33, 60
 
 # Highest version the front lets clients use of the APIs whose responses it parses or that
@@ -63,6 +64,7 @@ _ALTER_CONFIGS, _DESCRIBE_CLUSTER = 33, 60
 _VERSION_CAPS = {PRODUCE: 8, FETCH: 11, LIST_OFFSETS: 5, METADATA: 8, FIND_COORDINATOR: 2}
 _ANSWERED_HERE = {
     CREATE_TOPICS: (0, 4),
+    DELETE_TOPICS: (0, 3),
     DELETE_RECORDS: (0, 1),
     DESCRIBE_CONFIGS: (0, 1),
     INCREMENTAL_ALTER_CONFIGS: (0, 0),
@@ -511,6 +513,36 @@ class KafkaFront:
                     answer.int32(0)
         return answer.bytes()
 
+    async def _delete_topics(self, version: int, body: Reader) -> bytes:
+        """DeleteTopics v0-v3: each named topic goes, with its records and everything the front
+        kept about it (configs, log starts, compactions)."""
+        names = [body.string() for _ in range(body.array_length())]
+        body.int32()  # timeout_ms: deletion is immediate here
+        existing = set(await self._topic_layouts())
+        answer = Writer()
+        if version >= 1:
+            answer.int32(0)
+        answer.int32(len(names))
+        for name in names:
+            error_code = _UNKNOWN_TOPIC_OR_PARTITION
+            if name in existing:
+                try:
+                    self.kafka.delete_topic(name)
+                except EmbeddedKafkaError:
+                    error_code = _INVALID_REQUEST
+                else:
+                    error_code = _NONE
+                    self._forget_topic(name)
+            answer.nullable_string(name).int16(error_code)
+        return answer.bytes()
+
+    def _forget_topic(self, name: str) -> None:
+        self._configs.pop(name, None)
+        for key in [key for key in self._log_starts if key[0] == name]:
+            del self._log_starts[key]
+        for key in [key for key in self._compactions if key[0] == name]:
+            del self._compactions[key]
+
     # ---- retention --------------------------------------------------------------------------
 
     async def _delete_records(self, _version: int, body: Reader) -> bytes:
@@ -614,6 +646,8 @@ class KafkaFront:
     def _handler(self, api_key: int) -> Callable[[int, Reader], Awaitable[bytes]] | None:
         if api_key == CREATE_TOPICS:
             return self._create_topics
+        if api_key == DELETE_TOPICS:
+            return self._delete_topics
         if api_key == DELETE_RECORDS:
             return self._delete_records
         if api_key == DESCRIBE_CONFIGS:

@@ -79,6 +79,8 @@ def _load_library() -> ctypes.CDLL:
     lib.rd_kafka_mock_cluster_destroy.argtypes = [ctypes.c_void_p]
     lib.rd_kafka_mock_cluster_bootstraps.restype = ctypes.c_char_p
     lib.rd_kafka_mock_cluster_bootstraps.argtypes = [ctypes.c_void_p]
+    lib.rd_kafka_mock_topic_delete.restype = ctypes.c_int
+    lib.rd_kafka_mock_topic_delete.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
     lib.rd_kafka_mock_topic_create.restype = ctypes.c_int
     lib.rd_kafka_mock_topic_create.argtypes = [
         ctypes.c_void_p,
@@ -181,6 +183,12 @@ class EmbeddedKafka:
                 self._live_cluster(), name.encode(), partitions, replication_factor
             )
         self._check(error_code, f"cannot create topic {name!r}")
+
+    def delete_topic(self, name: str) -> None:
+        """Delete topic `name` and its records; it must exist."""
+        with self._lock:
+            error_code = self._lib.rd_kafka_mock_topic_delete(self._live_cluster(), name.encode())
+        self._check(error_code, f"cannot delete topic {name!r}")
 
     def set_broker_down(self, broker_id: int) -> None:
         """Close broker `broker_id`'s connections and refuse new ones until `set_broker_up`."""

@@ -20,7 +20,7 @@ up instead of always one poll behind. Otherwise it is the current last stable of
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from confluent_kafka import Consumer, IsolationLevel, TopicPartition
@@ -68,6 +68,10 @@ class TaskReport:
     """For `refused` and `fenced`: the highest ownership epoch the task's changelog holds."""
     error: str | None = None
     """A problem with this task the operator should show (e.g. an unreadable changelog)."""
+    beat: int | None = None
+    """The reporting process's count of report commits, set when committed: it grows while
+    the instance runs (reports go out every second), so one that stops growing tells the
+    operator the instance is hung or starved, whatever its last report said."""
 
     def metadata(self) -> str:
         fields: dict[str, object] = {
@@ -83,6 +87,8 @@ class TaskReport:
             fields["seenEpoch"] = self.seen_epoch
         if self.error is not None:
             fields["error"] = self.error
+        if self.beat is not None:
+            fields["beat"] = self.beat
         return json.dumps(fields, separators=(",", ":"))
 
 
@@ -127,12 +133,18 @@ class ProgressCommitter:
                 "enable.auto.commit": False,
             }
         )
+        self._beat = 0
 
     def commit(self, reports: Iterable[TaskReport]) -> None:
-        """Commit `reports` in one OffsetCommit request and wait for the answer."""
+        """Commit `reports` in one OffsetCommit request and wait for the answer; each carries
+        this committer's next beat."""
+        self._beat += 1
         offsets = [
             TopicPartition(
-                self._changelog_topics[store], report.task, position, metadata=report.metadata()
+                self._changelog_topics[store],
+                report.task,
+                position,
+                metadata=replace(report, beat=self._beat).metadata(),
             )
             for report in reports
             for store, position in sorted(report.positions.items())
@@ -156,6 +168,7 @@ def parse_report(
         ends = fields.get("ends")
         seen_epoch = fields.get("seenEpoch")
         error = fields.get("error")
+        beat = fields.get("beat")
         return TaskReport(
             task=task,
             role=ReportedRole(fields["role"]),
@@ -168,6 +181,7 @@ def parse_report(
             ends=None if ends is None else {str(s): int(o) for s, o in ends.items()},
             seen_epoch=None if seen_epoch is None else int(seen_epoch),
             error=None if error is None else str(error),
+            beat=None if beat is None else int(beat),
         )
     except (ValueError, KeyError, TypeError, AttributeError):
         return None

@@ -11,6 +11,7 @@ context outside a cluster (KUBECONFIG).
 
 import argparse
 import logging
+import random
 from typing import TYPE_CHECKING
 
 from smoothscale.operator.pods import BASE_PORT
@@ -50,7 +51,10 @@ def register(subparsers: "Subparsers[argparse.ArgumentParser]") -> None:
         "with --all-namespaces) named NAME: one works, the others wait",
     )
     parser.add_argument(
-        "--priority", type=int, help="kopf peering priority (the highest-priority peer works)"
+        "--priority",
+        type=int,
+        help="kopf peering priority: the highest-priority peer works (default: a random one, so "
+        "that replicas never tie; kopf pauses every peer of a tie)",
     )
     parser.add_argument(
         "--liveness",
@@ -74,6 +78,14 @@ def register(subparsers: "Subparsers[argparse.ArgumentParser]") -> None:
     parser.set_defaults(handler=_run)
 
 
+def _priority(given: int | None) -> int:
+    if given is not None:
+        return given
+    chosen = random.SystemRandom().randrange(1, 2**31)
+    logging.getLogger(__name__).info("peering priority %d (random: none was given)", chosen)
+    return chosen
+
+
 def _run(args: argparse.Namespace) -> int:
     import kopf
 
@@ -93,11 +105,11 @@ def _run(args: argparse.Namespace) -> int:
         kopf.run(
             standalone=args.peering is None,
             peering_name=args.peering,
-            priority=args.priority or 0,
+            priority=_priority(args.priority) if args.peering else 0,
             clusterwide=bool(args.all_namespaces),
             namespaces=args.namespace or (),
             liveness_endpoint=args.liveness,
-            memo=kopf.Memo(instance_port=args.instance_port),
+            memo=kopf.Memo(instance_port=args.instance_port, peering=args.peering is not None),
         )
     finally:
         server.stop()

@@ -28,6 +28,14 @@ log = logging.getLogger(__name__)
 ERROR_RETRY = timedelta(seconds=5)
 """After an unexpected error, the next poll comes this soon (the error is an Event)."""
 
+PEERING_LIFETIME_SECONDS = 15
+"""How long a peer's keepalive counts (kopf refreshes it 5-10 s before it runs out)."""
+
+PEERING_SETTLE_SECONDS = 3.0
+"""With peering, how long a control loop waits before its first poll. Replicas that start
+together each run alone until they see the others' keepalives (tens of milliseconds here):
+a loop that waits this long is cancelled by the pause before it has acted."""
+
 METRICS = OperatorMetrics()
 """The operator process's metrics (served by `smoothscale operator --metrics-port`)."""
 
@@ -48,6 +56,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # The CRD is installed before the operator starts (the chart's crds/), and the namespaces
     # are given: no scanning of CRDs and namespaces, which the chart's RBAC does not grant.
     settings.scanning.disabled = True
+    # A peer that dies (SIGKILL, a lost node) is taken for dead once its record is this old:
+    # kopf's 60 s would leave a hand-over in flight, and its task, without an owner that long.
+    settings.peering.lifetime = PEERING_LIFETIME_SECONDS
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -84,6 +95,9 @@ def control_loop(
     **_: Any,
 ) -> None:
     """Run the app's control loop until the app is deleted or the operator stops."""
+    if memo.peering and stopped.wait(PEERING_SETTLE_SECONDS):
+        return  # paused in favour of a peer: it was never this replica's to run
+    logger.info("the control loop starts")
     namespace = namespace or ""
     key = (namespace, name)
     wakeup = _wakeups.setdefault(key, threading.Event())

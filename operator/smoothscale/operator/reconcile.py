@@ -29,7 +29,9 @@ from pydantic import ValidationError
 from smoothscale.api.models import (
     API_VERSION,
     PLURAL,
+    DeletionPolicy,
     ScalingSpec,
+    ScalingStrategy,
     ScalingSummary,
     StreamingApp,
     StreamingAppStatus,
@@ -39,6 +41,7 @@ from smoothscale.kafka import names
 from smoothscale.kafka.assignments import AssignmentWriter, describe
 from smoothscale.kafka.progress import ProgressReader, ReportedRole, TaskProgress
 from smoothscale.kubeapi import MERGE_PATCH, KubeApi, KubeApiError
+from smoothscale.operator.catchup import CatchUpWatch, Heartbeats, Stalled
 from smoothscale.operator.handover import (
     InstanceStatus,
     Ledger,
@@ -93,6 +96,7 @@ def planner_config(scaling: ScalingSpec) -> PlannerConfig:
         acceptable_recovery_lag=scaling.acceptable_recovery_lag,
         max_warmup_replicas=scaling.max_warmup_replicas,
         num_standby_replicas=scaling.num_standby_replicas,
+        stop_the_world=scaling.strategy is ScalingStrategy.STOP_THE_WORLD,
     )
 
 
@@ -160,6 +164,8 @@ class AppController:
         self._handovers: dict[TaskId, _HandOverClock] = {}
         self._scaling: ScalingSummary | None = None
         self._desired: int | None = None
+        self._catch_up = CatchUpWatch()
+        self._heartbeats = Heartbeats()
         self._rolling = False
         """A rolling update was seen under way (for the RolledOut Event)."""
         self._problems: tuple[Problem, ...] = ()
@@ -230,7 +236,15 @@ class AppController:
             previous = self.ledger  # before a re-created pod is forgotten: whom a task left
             ledger, rewrite_all = self._memory(kafka, statuses, live, tasks)
             progress = kafka.reader.read(statuses, tasks)
+            holding = [name for name, held in ledger.assignments.items() if held.tasks]
+            silent = self._heartbeats.silent(holding, progress, _silence(scaling), now)
+            progress = _without_stale_restores(progress, silent)
+            problems += _silence_problems(silent, _silence(scaling))
             problems += _report_problems(progress)
+            stalled = self._catch_up.observe(
+                progress, scaling.acceptable_recovery_lag, scaling.probing_interval, now
+            )
+            problems += _stalled_problems(stalled, ledger)
 
             # Plan one safe step.
             result = step(ledger, Observation(statuses, progress), tasks, config)
@@ -271,6 +285,9 @@ class AppController:
             last_scaling=self._finish_scaling(result, live, desired, now),
         )
         self._record(snapshot, now)
+        if any(owner.handover is not None for owner in result.ledger.tasks.values()):
+            # A task is without an active owner until the release is seen: look often.
+            return min(scaling.lag_poll_interval, HANDOVER_POLL_INTERVAL)
         moving = busy(result.ledger) or bool(self._draining_since) or bool(self._handovers)
         starting = any(not pod.ready for pod in live.values()) or len(live) != desired
         return scaling.lag_poll_interval if moving or starting else scaling.probing_interval
@@ -672,8 +689,9 @@ class AppController:
     def tear_down(self, waited: timedelta) -> bool:
         """The app is being deleted (kopf's finalizer holds it): release every task, then
         delete the pods. True once done; until then, call again. `waited`: how long the
-        deletion has gone on. The changelogs and the app's topics are kept, so an app
-        re-created under the same name resumes exactly where this one stopped."""
+        deletion has gone on. With deletionPolicy Retain (the default) the changelogs and the
+        app's topics are kept, so an app re-created under the same name resumes exactly where
+        this one stopped; with Delete, its state topics are deleted last."""
         body = self._read_app()
         if body is None:
             return True
@@ -693,9 +711,31 @@ class AppController:
             self._delete_pod(name)
         if pods:
             return False  # the finalizer holds the app until its pods are gone
-        self._forget_instances(body)
         self.events("Normal", "Released", "every task released and every pod deleted")
+        try:
+            policy = StreamingApp.model_validate({**body, "status": None}).spec.deletion_policy
+        except ValidationError:
+            policy = DeletionPolicy.RETAIN  # a spec this version cannot read: keep the state
+        if policy is DeletionPolicy.DELETE:
+            self._delete_state(StreamingApp.model_validate({**body, "status": None}))
+        else:
+            self._forget_instances(body)
         return True
+
+    def _delete_state(self, app: StreamingApp) -> None:
+        try:
+            deleted = self._kafka_clients(app).topics.delete_state(app)
+        except (KafkaException, MissingSecretError) as error:
+            self.events(
+                "Warning",
+                "StateNotDeleted",
+                f"deletionPolicy is Delete but Kafka refused to delete the app's state topics "
+                f"({error}); delete its changelog and assignments topics with your Kafka tools",
+            )
+            return
+        self.events(
+            "Normal", "StateDeleted", f"deletionPolicy Delete: deleted {', '.join(deleted)}"
+        )
 
     def _released(self, body: Mapping[str, Any], live: Mapping[str, PodView]) -> bool:
         """Give every instance nothing (once); whether none reports a task active any more."""
@@ -798,6 +838,60 @@ def _all_active(ledger: Ledger, progress: Mapping[tuple[str, TaskId], TaskProgre
         if report.report.epoch < owner.epoch:
             return False
     return True
+
+
+HANDOVER_POLL_INTERVAL = timedelta(milliseconds=250)
+"""How often the loop looks for the release while a hand-over is in flight (a poll costs about
+10 ms of CPU, docs/operator-cost.md): the new owner starts within a quarter second of it."""
+
+SILENCE_MINIMUM = timedelta(seconds=30)
+"""Instances report every second; one silent this long (and 3 lag polls) is hung or starved."""
+
+
+def _silence(scaling: ScalingSpec) -> timedelta:
+    return max(SILENCE_MINIMUM, 3 * scaling.lag_poll_interval)
+
+
+def _without_stale_restores(
+    progress: Mapping[tuple[str, TaskId], TaskProgress], silent: set[str]
+) -> dict[tuple[str, TaskId], TaskProgress]:
+    """A silent instance's warm-up and standby reports say nothing about now: a task is never
+    handed to it on their word. Its other reports (active, released) stay: they are facts."""
+    restoring = (ReportedRole.WARMUP, ReportedRole.STANDBY)
+    return {
+        key: item
+        for key, item in progress.items()
+        if not (key[0] in silent and item.report.role in restoring)
+    }
+
+
+def _silence_problems(silent: set[str], after: timedelta) -> list[Problem]:
+    return [
+        Problem(
+            "InstanceNotReporting",
+            f"{instance} has sent no progress report for {after.total_seconds():.0f} s: hung, "
+            "starved of CPU, or cut off from Kafka. Nothing moves to it meanwhile; check its "
+            "logs and its CPU",
+        )
+        for instance in sorted(silent)
+    ]
+
+
+def _stalled_problems(stalled: Sequence[Stalled], ledger: Ledger) -> list[Problem]:
+    problems = []
+    for warmup in stalled:
+        owner = ledger.ownership(warmup.task).active or "its owner"
+        problems.append(
+            Problem(
+                "WarmupNotCatchingUp",
+                f"task {warmup.task}: the warm-up on {warmup.instance} is not catching up (its "
+                f"lag is no lower than {warmup.window.total_seconds():.0f} s ago: it restores "
+                f"slower than the changelog grows). The task stays on "
+                f"{owner}, which keeps processing, until the warm-up catches up; give "
+                f"{warmup.instance} more CPU (spec.resources) or raise acceptableRecoveryLag",
+            )
+        )
+    return problems
 
 
 def _report_problems(progress: Mapping[tuple[str, TaskId], TaskProgress]) -> list[Problem]:

@@ -222,6 +222,27 @@ class TopicManager:
             "spec.kafka.bootstrapServers and the network between the operator and the brokers",
         )
 
+    def delete_state(self, app: StreamingApp) -> list[str]:
+        """Delete the topics that hold the app's state (its changelogs and its assignments
+        topic); the names deleted. Kafka's refusal (other than an already missing topic) is
+        raised as KafkaException."""
+        app_id = application_id(app)
+        topics = [
+            names.changelog_topic(app_id, store.name, store.changelog_topic)
+            for store in app.spec.kafka.state_stores
+        ] + [names.assignments_topic(app_id)]
+        futures = self._client().delete_topics(topics, operation_timeout=self._timeout)
+        deleted = []
+        for topic, future in futures.items():
+            try:
+                future.result(self._timeout)
+            except KafkaException as error:
+                if error.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    raise
+                continue
+            deleted.append(topic)
+        return sorted(deleted)
+
     def close(self) -> None:
         """Release the admin client; the manager cannot be used afterwards."""
         self._admin = None

@@ -292,7 +292,13 @@ def _place_actives(view: _View, target: _Target) -> _Actives:
             else f"{owner} holds more than its balanced share of {target.share[owner]} actives"
         )
         lag = view.lag(goal, task)
-        if view.instances[goal].ready and lag is not None and lag <= acceptable:
+        if view.config.stop_the_world:
+            actives.owner[task] = goal
+            actives.hand_overs[task] = (
+                f"stop-the-world: {why}, {goal} is the balanced target; it restores the task's "
+                "state before it processes it"
+            )
+        elif view.instances[goal].ready and lag is not None and lag <= acceptable:
             replica = "standby" if view.role(goal, task) is TaskRole.STANDBY else "warm-up"
             actives.owner[task] = goal
             actives.hand_overs[task] = (

@@ -24,6 +24,9 @@ class PlannerConfig:
     """How many warm-up replicas may run at once across the whole app (at least 1)."""
     num_standby_replicas: int = 0
     """How many hot standby copies each task keeps on kept instances other than its owner."""
+    stop_the_world: bool = False
+    """Every task goes at once to its balanced target, whatever that instance's lag or
+    readiness: the eager baseline (spec.scaling.strategy StopTheWorld)."""
 
     def __post_init__(self) -> None:
         if self.acceptable_recovery_lag < 0:

@@ -12,7 +12,10 @@ What makes a record bad (the `reason`, one of `REASONS`):
 - not-an-object: the value is JSON but not an object;
 - wrong-type: a field's JSON value cannot be read as the schema's type ("five" for a LONG);
 - missing-field: a field of the schema is absent or null (every field is required);
-- missing-key: the pipeline keys by the record key and the record has none.
+- missing-key: the pipeline keys by the record key and the record has none;
+- pipeline-error: the pipeline's own code raised on the record (its `aggregate` on a batch
+  holding it, or its `apply` on the record's key); the exception is in the header
+  smoothscale.error. The runtime finds such records by retrying the batch without them.
 Fields the schema does not name are ignored. Conversions follow Spark's JSON reader: a STRING
 field accepts any JSON value as its text, a number with a fraction does not fit a LONG.
 """
@@ -36,6 +39,7 @@ NOT_AN_OBJECT = "not-an-object"
 WRONG_TYPE = "wrong-type"
 MISSING_FIELD = "missing-field"
 MISSING_KEY = "missing-key"
+PIPELINE_ERROR = "pipeline-error"
 REASONS = (
     NULL_VALUE,
     INVALID_UTF8,
@@ -44,10 +48,14 @@ REASONS = (
     WRONG_TYPE,
     MISSING_FIELD,
     MISSING_KEY,
+    PIPELINE_ERROR,
 )
 """Every reason a record can be bad; few on purpose, as they label the dead-letter counter."""
 
 REASON_HEADER = "smoothscale.reason"
+ERROR_HEADER = "smoothscale.error"
+ERROR_HEADER_CHARACTERS = 1000
+"""The end of the exception's text kept in the header (a Python traceback ends with it)."""
 ORIGIN_TOPIC_HEADER = "smoothscale.origin.topic"
 ORIGIN_PARTITION_HEADER = "smoothscale.origin.partition"
 ORIGIN_OFFSET_HEADER = "smoothscale.origin.offset"
@@ -162,6 +170,21 @@ def _reason(pipeline: Pipeline, fields: list[str], text: "Column") -> "Column":
     return reason
 
 
+def pipeline_error(record: "Row", error: BaseException) -> "Row":
+    """A raw record (as the source read it) on which the pipeline raised, as a dead letter."""
+    from pyspark.sql import Row
+
+    return Row(
+        topic=record["topic"],
+        partition=record["partition"],
+        offset=record["offset"],
+        key=record["key"],
+        value=record["value"],
+        reason=PIPELINE_ERROR,
+        error=f"{type(error).__name__}: {error}",
+    )
+
+
 def send_dead_letters(
     rows: "Iterable[Row]", producer: "confluent_kafka.Producer", topic: str
 ) -> int:
@@ -179,6 +202,9 @@ def send_dead_letters(
             (ORIGIN_PARTITION_HEADER, str(row["partition"]).encode()),
             (ORIGIN_OFFSET_HEADER, str(row["offset"]).encode()),
         ]
+        error = row.asDict().get("error")
+        if error:
+            headers.append((ERROR_HEADER, str(error)[-ERROR_HEADER_CHARACTERS:].encode()))
         key = None if row["key"] is None else bytes(row["key"])
         value = None if row["value"] is None else bytes(row["value"])
         while True:

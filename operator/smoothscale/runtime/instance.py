@@ -52,6 +52,7 @@ from smoothscale.runtime.changelog import (
     tombstone,
 )
 from smoothscale.runtime.config import WorkerConfig
+from smoothscale.runtime.decode import PIPELINE_ERROR, pipeline_error
 from smoothscale.runtime.metrics import InstanceMetrics
 from smoothscale.runtime.pipeline import Pipeline
 from smoothscale.runtime.restore import (
@@ -80,6 +81,14 @@ TOMBSTONES_PER_BATCH = 100
 GAP_READ_SECONDS = 5.0
 """Longest a batch reads changelog records others wrote between its own, to verify them."""
 
+WARM_UP_RECORDS = 1_000
+"""Recent input records a new instance reads once, and discards, to warm its query."""
+
+PIPELINE_ERROR_REPORTED_SECONDS = 60.0
+"""For how long an active task's reports carry the pipeline's last error on its records (the
+operator shows it as a TaskFailing problem), so that a pipeline raising on every batch stays
+visible without flapping."""
+
 
 @dataclass
 class BatchInput:
@@ -93,6 +102,10 @@ class BatchInput:
     """Per task: the pipeline's (key, update) pairs."""
     dead_letters: dict[TaskId, list[Any]] = field(default_factory=dict)
     """Per task: the bad rows to send to the dead-letter topic."""
+    records_of: Callable[[TaskId, str], list[Any]] | None = None
+    """The batch's records (as read) of a key in a task, for when `apply` raises on that key:
+    they go to the dead-letter topic and the key's state stays as it was. None: `apply`
+    raising fails the batch."""
 
 
 @dataclass
@@ -172,6 +185,8 @@ class Instance:
         self._active: dict[TaskId, _Active] = {}
         self._activating: dict[TaskId, _Activation] = {}
         self._released: dict[TaskId, TaskReport] = {}
+        self._pipeline_errors: dict[TaskId, tuple[float, str]] = {}
+        """Per active task, when the pipeline last raised on some of its records, and what."""
         self._refused: dict[TaskId, TaskReport] = {}
         """Tasks assigned active below the epoch their changelog holds: reported `refused`
         until a new assignment arrives."""
@@ -179,6 +194,10 @@ class Instance:
         """Tasks this instance found a higher writer for: reported `fenced` until a new
         assignment arrives."""
         self._plan_starts: dict[tuple[str, int], int] = {}
+        self._warm_up: dict[tuple[str, int], int] = {}
+        """Sample ranges of recent input the query reads once before the instance is ready."""
+        self.warmed = threading.Event()
+        """Set once a micro-batch has run the pipeline over the warm-up sample."""
         self._activations: dict[tuple[str, int], int] = {}
         """Per input partition, how often it was activated: the source restarts a partition
         from its plan start whenever this changes, even at an unchanged start offset."""
@@ -318,6 +337,44 @@ class Instance:
         with self.lock:
             return {task: active.epoch for task, active in self._active.items()}
 
+    def warm_up(self, records: int = WARM_UP_RECORDS) -> bool:
+        """Have the query read a sample of recent input once (the last `records` of one input
+        partition this instance does not own), so that its next micro-batch runs the whole
+        pipeline path (the source's Python readers, decode, aggregate, their code generation)
+        while nothing depends on it: the first batch of a task handed over later is then as
+        fast as a steady one. Nothing of the sample is applied or committed. False when there
+        is no input to sample (then there is nothing to warm with)."""
+        with self.lock:
+            owned = {(topic, task) for topic in self.config.input_topics for task in self._active}
+            for topic in self.config.input_topics:
+                for partition in self._partitions_of(topic):
+                    if (topic, partition) in owned:
+                        continue
+                    low, high = self._offsets.get_watermark_offsets(
+                        TopicPartition(topic, partition), timeout=10
+                    )
+                    if high > low:
+                        self._warm_up = {(topic, partition): max(low, high - records)}
+                        self._write_plan()
+                        return True
+        return False
+
+    def end_warm_up(self) -> None:
+        """Take the warm-up sample out of the plan."""
+        with self.lock:
+            if self._warm_up:
+                self._warm_up = {}
+                self._write_plan()
+
+    def warm_up_from(self) -> dict[tuple[str, int], int]:
+        """The warm-up sample's start offsets, while it is in the plan and not yet run."""
+        with self.lock:
+            return {} if self.warmed.is_set() else dict(self._warm_up)
+
+    def _partitions_of(self, topic: str) -> list[int]:
+        metadata = self._offsets.list_topics(topic, timeout=10).topics.get(topic)
+        return sorted(metadata.partitions) if metadata is not None else []
+
     def read_from(self) -> dict[tuple[str, int], int]:
         """Per (input topic, partition) of the active tasks, the first offset still to process:
         rows below it are already in the task's state and must not be applied again."""
@@ -349,6 +406,23 @@ class Instance:
                 self._report(with_input_lag=False)
                 self._best_effort("commit the input positions", self._inputs.commit, committed)
 
+    def _note_pipeline_errors(self, task: TaskId, bad: list[Any]) -> None:
+        raised = [row for row in bad if row["reason"] == PIPELINE_ERROR]
+        if raised:
+            self._pipeline_errors[task] = (
+                time.monotonic(),
+                f"the pipeline raised on {len(raised)} record(s) of a batch, sent to the "
+                f"dead-letter topic {self.config.dead_letters()} (the last: "
+                f"{raised[-1]['error']}); fix the pipeline, then replay them from there",
+            )
+
+    def _pipeline_error(self, task: TaskId) -> str | None:
+        """What to report for an active task whose pipeline raised lately (for a minute)."""
+        noted = self._pipeline_errors.get(task)
+        if noted is None or time.monotonic() - noted[0] > PIPELINE_ERROR_REPORTED_SECONDS:
+            return None
+        return noted[1]
+
     def _commit_task(self, task: TaskId, batch: BatchInput) -> None:
         active = self._active[task]
         store = self.pipeline.store
@@ -360,8 +434,26 @@ class Instance:
             current[key] = None if raw is None else json.loads(raw)
         outputs: list[OutputRecord] = []
         changed: dict[str, Any] = {}
+        bad = list(batch.dead_letters.get(task, []))
         for key, update in updates:
-            new_state, emitted = self.pipeline.apply(key, current[key], update)
+            try:
+                new_state, emitted = self.pipeline.apply(key, current[key], update)
+            except Exception as error:
+                if batch.records_of is None:
+                    raise
+                read = batch.records_of(task, key)
+                log.warning(
+                    "task %d: the pipeline's apply raised on key %r (%s: %s); its %d records of "
+                    "this batch go to the dead-letter topic, its state stays as it was",
+                    task,
+                    key,
+                    type(error).__name__,
+                    error,
+                    len(read),
+                )
+                bad += [pipeline_error(record, error) for record in read]
+                self.metrics.count_dead_letters(PIPELINE_ERROR for _ in read)
+                continue
             current[key] = new_state
             changed[key] = new_state
             outputs.extend(emitted)
@@ -378,7 +470,7 @@ class Instance:
         ]
         closing = closer(writer, number, positions, active.last_closer)
         reclaim = self._tombstones(active, set(names))
-        bad = batch.dead_letters.get(task, [])
+        self._note_pipeline_errors(task, bad)
         sender = self._send_dead_letters
 
         def queue_dead_letters(producer: Producer) -> None:
@@ -742,10 +834,15 @@ class Instance:
 
     def _write_plan(self) -> None:
         self._plan_version += 1
+        starts = {**self._warm_up, **self._plan_starts}
         activations = {
-            partition: self._activations.get(partition, 0) for partition in self._plan_starts
+            # A partition sampled for the warm-up and owned later must never continue from
+            # where the sample stopped: the sample's activation, 0, is one no owner uses (an
+            # owner's first activation is 1).
+            partition: self._activations.get(partition, 0) if partition in self._plan_starts else 0
+            for partition in starts
         }
-        write_plan(self.plan_path, self._plan_starts, self._plan_version, activations)
+        write_plan(self.plan_path, starts, self._plan_version, activations)
 
     def _count_restored(self, task: TaskId, records: int) -> None:
         self.metrics.count_restored(task, records)
@@ -772,6 +869,7 @@ class Instance:
                     generation,
                     active.state.positions(),
                     {topic: self._input_position(active.state, topic) for topic in inputs},
+                    error=self._pipeline_error(task),
                 )
             )
         wanted = self.assignment.tasks

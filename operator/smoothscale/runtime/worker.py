@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 TICK_SECONDS = 0.1
 """How often the main thread looks for a new assignment between batches."""
+WARM_UP_TIMEOUT_SECONDS = 120.0
+"""Longest a new instance waits for its warm-up batch before it says it is ready anyway."""
 
 
 class MicroBatch:
@@ -55,36 +57,57 @@ class MicroBatch:
             if self.instance.stopping:
                 return
             started = time.monotonic()
+            warm_up = self.instance.warm_up_from()
+            if warm_up:
+                self._warm(batch, warm_up)
             read_from = self.instance.read_from()
             if not read_from:
                 return
-            collected = self._collect(batch.where(_at_or_after(read_from)))
-            if collected is None:
-                return
-            self.instance.commit_batch(collected)
+            rows = batch.where(_at_or_after(read_from)).persist()
+            try:
+                collected = self._collect(rows)
+                if collected is None:
+                    return
+                self.instance.commit_batch(collected)
+            finally:
+                rows.unpersist()
             self.metrics.observe_batch(time.monotonic() - started)
             log.debug("batch %d: %s records", batch_id, sum(collected.counts.values()))
+
+    def _warm(self, batch: "DataFrame", sample: Mapping[tuple[str, int], int]) -> None:
+        """Run the pipeline over the warm-up sample and drop the result (see Instance.warm_up).
+        A sample that fails to aggregate says nothing about the tasks: the instance is ready
+        anyway, and a real batch will show the error where it matters."""
+        from smoothscale.runtime.decode import decode
+
+        rows = batch.where(_at_or_after(sample))
+        try:
+            good, bad = decode(rows, self.pipeline)
+            bad.count()
+            updates = self._updates(good)
+        except Exception:
+            log.warning("the warm-up batch failed; the instance is ready without it", exc_info=True)
+        else:
+            log.info("warm-up batch: the pipeline ran over %d sampled updates", len(updates))
+        self.instance.warmed.set()
 
     def _collect(self, rows: "DataFrame") -> BatchInput | None:
         from pyspark.sql import functions as F
 
         from smoothscale.runtime.decode import decode
 
-        rows = rows.persist()
-        try:
-            ranges = (
-                rows.groupBy("topic", "partition")
-                .agg(F.max("offset").alias("last"), F.count("*").alias("records"))
-                .collect()
-            )
-            if not ranges:
-                return None
-            good, bad = decode(rows, self.pipeline)
-            bad_rows = bad.collect()
-            updates = self.pipeline.aggregate(good).select("partition", "key", "update").collect()
-        finally:
-            rows.unpersist()
-        collected = BatchInput()
+        ranges = (
+            rows.groupBy("topic", "partition")
+            .agg(F.max("offset").alias("last"), F.count("*").alias("records"))
+            .collect()
+        )
+        if not ranges:
+            return None
+        good, bad = decode(rows, self.pipeline)
+        bad_rows = bad.collect()
+        updates, poisoned = self._aggregate(rows, good)
+        bad_rows += poisoned
+        collected = BatchInput(records_of=lambda task, key: self._records_of(rows, task, key))
         for row in ranges:
             task = int(row["partition"])
             collected.ends.setdefault(task, {})[row["topic"]] = int(row["last"]) + 1
@@ -97,6 +120,93 @@ class MicroBatch:
             collected.dead_letters.setdefault(int(row["partition"]), []).append(row)
         self.metrics.count_dead_letters(str(row["reason"]) for row in bad_rows)
         return collected
+
+    def _aggregate(self, rows: "DataFrame", good: "DataFrame") -> "tuple[list[Row], list[Row]]":
+        """The pipeline's updates for the batch, and the records it raised on (as dead letters).
+
+        When `aggregate` raises in its Python code, the records that make it raise are found
+        by halving the batch (a few small Spark jobs, only then), sent to the dead-letter topic,
+        and the batch is aggregated without them. If no record alone makes it raise, the error
+        is not the records' and the batch fails, as before.
+        """
+        from pyspark.errors import PythonException
+
+        from smoothscale.runtime.decode import decode, pipeline_error
+
+        try:
+            return self._updates(good), []
+        except PythonException as error:
+            records = rows.collect()
+            poisoned = self._poisoned(rows, records)
+            if not poisoned:
+                raise
+            log.warning(
+                "the pipeline raised on %d of %d records of the batch; they go to the "
+                "dead-letter topic: %s",
+                len(poisoned),
+                len(records),
+                error,
+            )
+            spark = rows.sparkSession
+            left = [r for r in records if (r["partition"], r["offset"]) not in poisoned]
+            rest, _ = decode(spark.createDataFrame(left, rows.schema), self.pipeline)
+            dead = [
+                pipeline_error(r, poisoned[(r["partition"], r["offset"])])
+                for r in records
+                if (r["partition"], r["offset"]) in poisoned
+            ]
+            return self._updates(rest), dead
+
+    def _updates(self, good: "DataFrame") -> "list[Row]":
+        return self.pipeline.aggregate(good).select("partition", "key", "update").collect()
+
+    def _poisoned(
+        self, rows: "DataFrame", records: "list[Row]"
+    ) -> dict[tuple[int, int], BaseException]:
+        """The records on which `aggregate` raises on its own, by (partition, offset), with
+        the error: the batch halved until each failing part is one record."""
+        from pyspark.errors import PythonException
+
+        from smoothscale.runtime.decode import decode
+
+        spark = rows.sparkSession
+        found: dict[tuple[int, int], BaseException] = {}
+        parts = [records]
+        for _probe in range(PROBE_BUDGET):
+            if not parts:
+                return found
+            part = parts.pop()
+            good, _ = decode(spark.createDataFrame(part, rows.schema), self.pipeline)
+            try:
+                self._updates(good)
+            except PythonException as error:
+                if len(part) == 1:
+                    found[(part[0]["partition"], part[0]["offset"])] = error
+                else:
+                    middle = len(part) // 2
+                    parts += [part[:middle], part[middle:]]
+        return {} if parts else found  # out of probes: too many to be about single records
+
+    def _records_of(self, rows: "DataFrame", task: int, key: str) -> "list[Row]":
+        """The batch's records of `key` in partition `task`, as the source read them."""
+        from pyspark.sql import functions as F
+
+        from smoothscale.runtime.decode import decode
+
+        good, _ = decode(rows.where(F.col("partition") == task), self.pipeline)
+        column = self.pipeline.key_column
+        offsets = [
+            row["offset"] for row in good.where(F.col(column) == key).select("offset").collect()
+        ]
+        if not offsets:
+            return []
+        return rows.where((F.col("partition") == task) & F.col("offset").isin(offsets)).collect()
+
+
+PROBE_BUDGET = 100
+"""Spark jobs spent at most on finding the records the pipeline raises on, per batch: enough
+for a few such records in a batch of 10,000 (about 2 log2(n) jobs each); more, and the error
+is not about single records, so the batch fails as it did."""
 
 
 def _at_or_after(read_from: Mapping[tuple[str, int], int]) -> "Column":
@@ -160,6 +270,7 @@ def run_worker(config: WorkerConfig) -> int:
         instance.start()
         with _ticking(instance):
             spark, query = _start_query(config, instance, pipeline, metrics, checkpoint)
+            _warm_up(instance, query)
         stop.install()  # again: PySpark installs its own SIGINT handler
         metrics.set_ready(True)
         log.info("instance %s ready", config.instance_id)
@@ -185,6 +296,19 @@ def run_worker(config: WorkerConfig) -> int:
         shutil.rmtree(checkpoint, ignore_errors=True)
     log.info("instance %s stopped", config.instance_id)
     return 0
+
+
+def _warm_up(instance: Instance, query: "StreamingQuery") -> None:
+    """Before the instance says it is ready: one micro-batch over a sample of recent input."""
+    if not instance.warm_up():
+        log.info("no input to warm up with: ready cold")
+        return
+    deadline = time.monotonic() + WARM_UP_TIMEOUT_SECONDS
+    while not instance.warmed.wait(TICK_SECONDS):
+        if not query.isActive or time.monotonic() > deadline:
+            log.warning("no warm-up batch within %s s: ready cold", WARM_UP_TIMEOUT_SECONDS)
+            break
+    instance.end_warm_up()
 
 
 @contextmanager
