@@ -65,6 +65,12 @@ class KubeApi:
             return cls(ApiClient(configuration))
         return cls.from_kubeconfig()
 
+    @property
+    def server(self) -> str:
+        """The API server's URL, e.g. https://10.96.0.1:443."""
+        host: str = self._client.configuration.host
+        return host
+
     def close(self) -> None:
         self._client.close()  # type: ignore[no-untyped-call]
 

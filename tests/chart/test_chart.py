@@ -30,14 +30,13 @@ from tests.chart.helm import (
 # What the operator does with the Kubernetes API, and so all that RBAC may grant it.
 OPERATOR_PERMISSIONS: dict[tuple[str, str], set[str]] = {
     ("smoothscale.io", "streamingapps"): {"get", "list", "watch", "patch"},
-    ("smoothscale.io", "streamingapps/status"): {"get", "patch", "update"},
-    ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
-    ("", "events"): {"create", "patch"},
-    ("events.k8s.io", "events"): {"create", "patch"},
+    ("smoothscale.io", "streamingapps/status"): {"patch"},
+    ("", "pods"): {"list", "watch", "create", "delete", "patch"},
+    ("", "events"): {"create"},
     ("", "secrets"): {"get"},
 }
 # kopf peering: keep-alives in a KopfPeering (namespaced) or ClusterKopfPeering (cluster-wide).
-PEERING_VERBS = {"get", "list", "watch", "patch"}
+PEERING_VERBS = {"list", "watch", "patch"}
 
 NAMESPACED: dict[str, Any] = {}
 MULTI_NAMESPACE: dict[str, Any] = {"watch": {"namespaces": ["team-a", "team-b", "team-c"]}}
@@ -305,6 +304,29 @@ def test_without_a_priority_the_operator_chooses_one() -> None:
     args = operator_container(render(with_peering({})))["args"]
 
     assert "--priority" not in args
+
+
+def test_the_operator_runs_the_image_entrypoint_explicitly_so_a_process_kubelet_can_too() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    container = operator_container(render())
+
+    assert 'ENTRYPOINT ["smoothscale"]' in dockerfile
+    assert container["command"] == ["smoothscale"]
+    assert container["args"][0] == "operator"
+
+
+def test_ports_reach_the_operator_its_probes_and_its_instances() -> None:
+    values = {"ports": {"healthz": 18080, "metrics": 19090}, "instancePort": 18100}
+    container = operator_container(render(values))
+    args = container["args"]
+
+    assert args[args.index("--liveness") + 1] == "http://0.0.0.0:18080/healthz"
+    assert args[args.index("--metrics-port") + 1] == "19090"
+    assert args[args.index("--instance-port") + 1] == "18100"
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
+        "healthz": 18080,
+        "metrics": 19090,
+    }
 
 
 def test_log_level_reaches_the_operator() -> None:

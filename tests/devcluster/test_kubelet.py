@@ -336,3 +336,42 @@ def test_pods_of_other_nodes_are_left_alone(api: KubeApi, kubelet: Kubelet) -> N
     assert pod is not None
     assert not container_status(pod)
     assert kubelet.runner.keys() == []
+
+
+def test_a_pod_reaches_the_api_as_its_service_account_and_only_with_its_token(
+    api: KubeApi, kubelet: Kubelet, tmp_path: Path
+) -> None:
+    """The mounted token is the pod's in-cluster config: a ServiceAccount without roles is
+    refused; a pod that mounts no token has no KUBECONFIG at all (not the kubelet's)."""
+    out = tmp_path / "answers.txt"
+    code = (
+        "import os, pathlib\n"
+        "from smoothscale.kubeapi import KubeApi, KubeApiError\n"
+        "answer = 'no-kubeconfig'\n"
+        "if 'KUBECONFIG' in os.environ:\n"
+        "    try:\n"
+        "        KubeApi.from_kubeconfig().request('GET', '/api/v1/namespaces/default/pods')\n"
+        "        answer = 'allowed'\n"
+        "    except KubeApiError as error:\n"
+        "        answer = error.message\n"
+        f"with open({str(out)!r}, 'a') as f: f.write(os.environ['POD'] + ' ' + answer + '\\n')\n"
+    )
+    for name, automount in (("mounted", True), ("unmounted", False)):
+        manifest = pod_manifest(
+            python(code),
+            restart_policy="Never",
+            env=[{"name": "POD", "value": name}],
+        )
+        manifest["spec"]["automountServiceAccountToken"] = automount
+        create(api, manifest)
+    deadline = time.monotonic() + 30
+    while len(out.read_text().splitlines() if out.exists() else []) < 2:
+        assert time.monotonic() < deadline, "the pods never answered"
+        time.sleep(0.1)
+
+    answers = dict(line.split(" ", 1) for line in out.read_text().splitlines())
+    assert answers == {
+        "mounted": 'pods is forbidden: User "system:serviceaccount:default:default" cannot list '
+        'resource "pods" in API group "" in the namespace "default"',
+        "unmounted": "no-kubeconfig",
+    }

@@ -64,23 +64,20 @@ each rule). `peeringResource` is kopfpeerings (namespaced) or clusterkopfpeering
   verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["smoothscale.io"]
   resources: ["streamingapps/status"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["patch"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "create", "delete", "patch"]
+  verbs: ["list", "watch", "create", "delete", "patch"]
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
-- apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get"]
 {{- if .root.Values.peering.enabled }}
 - apiGroups: ["kopf.dev"]
   resources: [{{ .peeringResource | quote }}]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["list", "watch", "patch"]
 {{- end }}
 {{- end }}
 

@@ -25,6 +25,7 @@ def register(subparsers: "Subparsers[argparse.ArgumentParser]") -> None:
     _register_status(parts)
     _register_apiserver(parts)
     _register_kubelet(parts)
+    _register_controllers(parts)
     _register_kafka(parts)
     _register_topic(parts)
 
@@ -103,6 +104,13 @@ def _register_apiserver(parts: "Subparsers[argparse.ArgumentParser]") -> None:
         metavar="PATH",
         help="load the CRDs in this YAML file or directory at start (repeatable)",
     )
+    apiserver.add_argument(
+        "--audit-log",
+        type=Path,
+        metavar="PATH",
+        help="append an audit.k8s.io/v1 Event per authorization decision on a ServiceAccount's "
+        "request to this file (JSON lines)",
+    )
     apiserver.set_defaults(handler=_run_apiserver)
 
 
@@ -126,6 +134,21 @@ def _register_kubelet(parts: "Subparsers[argparse.ArgumentParser]") -> None:
         help="pod working directories and logs go here (default: %(default)s)",
     )
     kubelet.set_defaults(handler=_run_kubelet)
+
+
+def _register_controllers(parts: "Subparsers[argparse.ArgumentParser]") -> None:
+    controllers = parts.add_parser(
+        "controllers",
+        help="run the Deployment and ReplicaSet controllers until SIGINT/SIGTERM",
+        description="Run each Deployment's pods through a ReplicaSet per pod template (rolling "
+        "them when the template changes) and keep their status, until SIGINT or SIGTERM.",
+    )
+    controllers.add_argument(
+        "--kubeconfig",
+        type=Path,
+        help="the cluster to serve (default: $KUBECONFIG, then ~/.kube/config)",
+    )
+    controllers.set_defaults(handler=_run_controllers)
 
 
 def _register_kafka(parts: "Subparsers[argparse.ArgumentParser]") -> None:
@@ -204,6 +227,7 @@ def _run_up(args: argparse.Namespace) -> int:
         f"  (Kafka controls: {info.kafka_control}; topics: smoothscale dev topic NAME:PARTITIONS)"
     )
     print("  kubelet     node 'local', pods run as local processes")
+    print("  controllers Deployments and ReplicaSets run their pods")
     print("Use it from this shell with:")
     print(info.exports())
     print("Stop it with: smoothscale dev down" + _state_dir_option(args))
@@ -244,7 +268,7 @@ def _run_apiserver(args: argparse.Namespace) -> int:
             crd_files.append(path)
         else:
             return _fail("apiserver", f"--crds {path}: no such file or directory")
-    serve_forever(args.host, args.port, crd_files)
+    serve_forever(args.host, args.port, crd_files, audit_log=args.audit_log)
     return 0
 
 
@@ -275,6 +299,34 @@ def _run_kubelet(args: argparse.Namespace) -> int:
             pass
     finally:
         kubelet.stop()
+        api.close()
+    return 0
+
+
+def _run_controllers(args: argparse.Namespace) -> int:
+    import logging
+    import signal
+    import threading
+
+    from smoothscale.devcluster.controllers import ControllerManager
+    from smoothscale.kubeapi import KubeApi
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        api = KubeApi.from_kubeconfig(args.kubeconfig)
+    except Exception as error:  # the kubernetes package raises several kinds for a bad config
+        return _fail("controllers", f"cannot load the kubeconfig: {error}")
+    manager = ControllerManager(api)
+    manager.start()
+    print("controllers: Deployments", flush=True)
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        manager.stop()
         api.close()
     return 0
 

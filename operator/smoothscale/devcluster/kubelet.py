@@ -6,11 +6,18 @@ bound to its node with the ProcessRunner, reports their status through pods/stat
 graceful delete stops the processes (SIGTERM, the grace period, SIGKILL) before it finishes
 the delete with a grace period of 0, as a real kubelet does.
 
+A pod that mounts its ServiceAccount's token (automountServiceAccountToken not false, on the pod
+or else on the ServiceAccount) gets one from the TokenRequest API, as a kubelet does, in
+`<pod directory>/serviceaccount/` (token, namespace) with a kubeconfig that uses it, named by
+KUBECONFIG in every container: the local form of in-cluster config (the API server speaks plain
+HTTP on loopback, so the in-cluster https://KUBERNETES_SERVICE_HOST form does not fit).
+
 Two classes: PodSyncer decides (API objects <-> runner), and is driven by one thread only;
 Kubelet owns the threads (the watch, the sync loop, background stops) and the event queue.
 """
 
 import base64
+import json
 import logging
 import os
 import queue
@@ -43,6 +50,8 @@ from smoothscale.kubeapi import MERGE_PATCH, JsonObject, KubeApi, KubeApiError
 logger = logging.getLogger("smoothscale.kubelet")
 
 DEFAULT_NODE_NAME = "local"
+TOKEN_SECONDS = 365 * 24 * 3600
+"""A pod's ServiceAccount token lasts a year: the process kubelet does not rotate tokens."""
 PODS = "/api/v1/pods"
 
 
@@ -86,10 +95,15 @@ class PodSyncer:
         api: KubeApi,
         runner: ProcessRunner,
         node_name: str = DEFAULT_NODE_NAME,
+        *,
         stop_in_background: Callable[[str, float, Stopped], None] | None = None,
         base_env: Mapping[str, str] | None = None,
+        api_server: str | None = None,
     ) -> None:
+        """`api_server`: the URL pods reach the API at with their ServiceAccount's token (None:
+        pods get no token)."""
         self.api = api
+        self._api_server = api_server
         self.runner = runner
         self.node_name = node_name
         self._stop_in_background = stop_in_background or self._stop_now
@@ -192,7 +206,10 @@ class PodSyncer:
 
     def _start(self, record: _PodRecord) -> None:
         try:
-            spec = process_spec(record.pod, self.node_name, self._sources, self._base_env)
+            cluster_env = self._service_account_env(record)
+            spec = process_spec(
+                record.pod, self.node_name, self._sources, self._base_env, cluster_env
+            )
         except PodConfigError as error:
             if record.config_error != str(error):
                 logger.warning("pod %s cannot start: %s", record.key, error)
@@ -205,6 +222,45 @@ class PodSyncer:
         self.runner.start(spec)
         record.running = True
         logger.info("started pod %s", record.key)
+
+    def _service_account_env(self, record: _PodRecord) -> dict[str, str]:
+        """The token of the pod's ServiceAccount, mounted; {} when the pod does not want it."""
+        pod = record.pod
+        spec = pod.get("spec") or {}
+        namespace = pod["metadata"].get("namespace", "default")
+        name = spec.get("serviceAccountName") or spec.get("serviceAccount") or "default"
+        if self._api_server is None or spec.get("automountServiceAccountToken") is False:
+            return {}
+        account = self._read("serviceaccounts", namespace, name)
+        if account is None:
+            raise PodConfigError(
+                f'error looking up service account {namespace}/{name}: serviceaccount "{name}" '
+                "not found; create it (the pod starts once it exists)"
+            )
+        wanted = spec.get(
+            "automountServiceAccountToken", account.get("automountServiceAccountToken")
+        )
+        if wanted is False:
+            return {}
+        answer = self.api.request(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+            body={
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {"expirationSeconds": TOKEN_SECONDS},
+            },
+        )
+        token = str(answer["status"]["token"])
+        directory = self.runner.pod_directory(record.key) / "serviceaccount"
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "token").write_text(token)
+        (directory / "namespace").write_text(namespace)
+        kubeconfig = directory / "kubeconfig"
+        kubeconfig.write_text(
+            json.dumps(_service_account_kubeconfig(self._api_server, namespace, name, token))
+        )
+        return {"KUBECONFIG": str(kubeconfig)}
 
     def _begin_stop(self, record: _PodRecord, finish_delete: bool) -> None:
         if record.stopping:
@@ -303,6 +359,23 @@ class PodSyncer:
         return None if value is None else base64.b64decode(value).decode()
 
 
+def _service_account_kubeconfig(server: str, namespace: str, name: str, token: str) -> JsonObject:
+    user = f"system:serviceaccount:{namespace}:{name}"
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": {"server": server}}],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [
+            {
+                "name": "in-cluster",
+                "context": {"cluster": "local", "user": user, "namespace": namespace},
+            }
+        ],
+        "current-context": "in-cluster",
+    }
+
+
 def _comparable(status: JsonObject | None) -> Any:
     """A status without the times that move by themselves."""
     if status is None:
@@ -339,7 +412,11 @@ class Kubelet:
             on_change=lambda key: self._events.put(("changed", key)),
         )
         self.syncer = PodSyncer(
-            api, self.runner, self.config.node_name, stop_in_background=self._stop_in_background
+            api,
+            self.runner,
+            self.config.node_name,
+            stop_in_background=self._stop_in_background,
+            api_server=api.server,
         )
         self._threads = [
             threading.Thread(target=self._watch_pods, name="kubelet-watch", daemon=True),

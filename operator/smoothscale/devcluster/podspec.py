@@ -210,8 +210,11 @@ def process_spec(
     node_name: str,
     sources: ValueSources = NO_VALUE_SOURCES,
     base_env: Mapping[str, str] | None = None,
+    cluster_env: Mapping[str, str] | None = None,
 ) -> PodProcessSpec:
-    """What to run for `pod`; PodConfigError says what the kubelet cannot run, and why."""
+    """What to run for `pod`; PodConfigError says what the kubelet cannot run, and why.
+    `cluster_env` is what the kubelet gives every container to reach the API (KUBECONFIG),
+    under the container's own env."""
     spec = pod.get("spec", {})
     if spec.get("initContainers"):
         raise PodConfigError(
@@ -233,7 +236,7 @@ def process_spec(
             ContainerSpec(
                 name=container["name"],
                 argv=argv,
-                env=process_environment(env, base_env),
+                env=process_environment({**(cluster_env or {}), **env}, base_env),
                 readiness_probe=probe_of(container, container.get("readinessProbe")),
                 liveness_probe=probe_of(container, container.get("livenessProbe")),
                 message_from_log=container.get("terminationMessagePolicy")

@@ -117,9 +117,11 @@ def process_environment(
     container_env: Mapping[str, str], base: Mapping[str, str] | None = None
 ) -> dict[str, str]:
     """The environment a container process gets: the kubelet's own (so Java, HOME and the like
-    are found), with the kubelet's Python environment first on PATH (so `smoothscale` and
-    `python` resolve to it), overlaid with the container's env."""
+    are found) but never its KUBECONFIG (a pod reaches the API with its own ServiceAccount's
+    token or not at all), with the kubelet's Python environment first on PATH (so `smoothscale`
+    and `python` resolve to it), overlaid with the container's env."""
     environment = dict(os.environ if base is None else base)
+    environment.pop("KUBECONFIG", None)
     python_bin = os.path.dirname(sys.executable)
     path = environment.get("PATH", "")
     environment["PATH"] = f"{python_bin}{os.pathsep}{path}" if path else python_bin

@@ -1,8 +1,10 @@
-"""The whole local control plane: API server, process kubelet and embedded Kafka, each in its
-own process (`smoothscale dev apiserver|kubelet|kafka`), as `smoothscale dev up` starts them.
+"""The whole local control plane: API server, controllers, process kubelet and embedded Kafka,
+each in its own process (`smoothscale dev apiserver|controllers|kubelet|kafka`), as `smoothscale
+dev up` starts them.
 
 Everything lives in a state directory: each part's log, `state.json` (pids and addresses, what
-`dev down` reads), the kubeconfig and the kubelet's pod directories. LocalStack is a context
+`dev down` reads), the kubeconfig, the API server's audit log (what ServiceAccounts asked for)
+and the kubelet's pod directories. LocalStack is a context
 manager for tests; `up` leaves the processes running and `down` stops them, from any process.
 """
 
@@ -30,8 +32,9 @@ from smoothscale.kubeapi import KubeApi, KubeApiError
 T = TypeVar("T")
 
 STATE_FILE = "state.json"
-PARTS = ("kubelet", "kafka", "apiserver")
-"""In the order `down` stops them: the kubelet first, so it can still reach the API server."""
+AUDIT_LOG = "audit.log"
+PARTS = ("controllers", "kubelet", "kafka", "apiserver")
+"""In the order `down` stops them: the API server last, so the others can still reach it."""
 
 
 class StackError(RuntimeError):
@@ -48,6 +51,11 @@ class StackInfo:
     kafka_bootstrap: str
     kafka_control: str
     """URL of the embedded Kafka's controls (smoothscale.devcluster.kafka.KafkaControl)."""
+
+    @property
+    def audit_log(self) -> Path:
+        """The API server's audit Events of ServiceAccounts' requests (see apiserver/auth.py)."""
+        return self.state_dir / AUDIT_LOG
 
     def exports(self) -> str:
         return f"export KUBECONFIG={self.kubeconfig}\nexport KAFKA_BOOTSTRAP={self.kafka_bootstrap}"
@@ -131,7 +139,7 @@ def down(state_dir: Path, timeout: float = 15.0) -> list[str]:
 
 
 class LocalStack:
-    """Starts the three parts as processes and stops them again (a context manager).
+    """Starts the four parts as processes and stops them again (a context manager).
 
     It installs smoothscale's own CRD, generated from the models (so always current), or the
     CRDs in the YAML files of `crd_dir` instead.
@@ -215,7 +223,9 @@ class LocalStack:
 
         port = self.api_port or _free_port()
         api_url = f"http://127.0.0.1:{port}"
-        self._spawn("apiserver", ["--port", str(port)])
+        self._spawn(
+            "apiserver", ["--port", str(port), "--audit-log", str(self.state_dir / AUDIT_LOG)]
+        )
         kafka_ready = self.state_dir / "kafka.json"
         kafka_ready.unlink(missing_ok=True)
         kafka_arguments = ["--brokers", str(self.brokers), "--ready-file", str(kafka_ready)]
@@ -243,6 +253,7 @@ class LocalStack:
                     str(self.state_dir / "kubelet"),
                 ],
             )
+            self._spawn("controllers", ["--kubeconfig", str(kubeconfig)])
             self._wait("kubelet", lambda: _node_ready(api, self.node_name), "Ready node")
         finally:
             api.close()

@@ -53,6 +53,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         prefix="smoothscale.io", key="last-handled-configuration"
     )
     settings.posting.level = logging.WARNING
+    # The CRD is installed before the operator starts (the chart's crds/), and the namespaces
+    # are given: no scanning of CRDs and namespaces, which the chart's RBAC does not grant.
+    settings.scanning.disabled = True
     # A peer that dies (SIGKILL, a lost node) is taken for dead once its record is this old:
     # kopf's 60 s would leave a hand-over in flight, and its task, without an owner that long.
     settings.peering.lifetime = PEERING_LIFETIME_SECONDS

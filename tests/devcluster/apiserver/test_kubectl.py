@@ -368,9 +368,10 @@ def test_typed_create_commands_that_send_protobuf_work(kubectl: Kubectl) -> None
     assert kubectl.json("get", "configmap", "settings", "-n", "shop")["data"] == {"mode": "fast"}
     secret = kubectl.json("get", "secret", "kafka", "-n", "shop")
     assert base64.b64decode(secret["data"]["password"]) == b"hunter2"
-    assert (
-        kubectl("get", "serviceaccounts", "-n", "shop", "-o", "name") == "serviceaccount/runner\n"
-    )
+    assert kubectl("get", "serviceaccounts", "-n", "shop", "-o", "name").split() == [
+        "serviceaccount/default",
+        "serviceaccount/runner",
+    ]
     assert "shop" in kubectl("get", "namespaces", "-o", "name")
 
 

@@ -35,13 +35,16 @@ class LocalApiServer:
         crd_paths: Sequence[Path] = (),
         *,
         watch_history: int = 1000,
+        audit_log: Path | None = None,
     ) -> None:
         """`watch_history` is how many changes per resource a watch can resume across; a watch
-        from an older resourceVersion gets 410 Gone."""
+        from an older resourceVersion gets 410 Gone. `audit_log` receives an audit Event per
+        authorization decision on a ServiceAccount's request (see auth.py)."""
         self._host = host
         self._port = port
         self._crd_paths = list(crd_paths)
         self._watch_history = watch_history
+        self._audit_log = audit_log
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
@@ -75,7 +78,7 @@ class LocalApiServer:
             raise failure[0]
 
     async def _serve(self) -> None:
-        self._api = ApiServer(history_size=self._watch_history)
+        self._api = ApiServer(history_size=self._watch_history, audit_log=self._audit_log)
         self._api.load_crds(self._crd_paths)
         self._runner = web.AppRunner(self._api.application(), shutdown_timeout=1.0, access_log=None)
         await self._runner.setup()
@@ -136,9 +139,11 @@ def write_kubeconfig(path: Path, url: str, namespace: str = "default") -> None:
     path.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
-def serve_forever(host: str, port: int, crd_paths: Sequence[Path]) -> None:
+def serve_forever(
+    host: str, port: int, crd_paths: Sequence[Path], audit_log: Path | None = None
+) -> None:
     """Serve until SIGTERM or SIGINT; prints the URL once serving."""
-    server = LocalApiServer(host, port, crd_paths)
+    server = LocalApiServer(host, port, crd_paths, audit_log=audit_log)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

@@ -4,6 +4,7 @@ checks of the built-in kinds that kubectl users meet, and the status of a new CR
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -11,7 +12,12 @@ from typing import Any
 
 from smoothscale.api.schema import FieldError, apply_defaults, validate
 from smoothscale.devcluster.apiserver.errors import ApiError, JsonObject, invalid
-from smoothscale.devcluster.apiserver.registry import CRD_GROUP, ResourceType, crd_problems
+from smoothscale.devcluster.apiserver.registry import (
+    CRD_GROUP,
+    RBAC_GROUP,
+    ResourceType,
+    crd_problems,
+)
 from smoothscale.devcluster.apiserver.store import now
 
 STRICT, WARN, IGNORE = "Strict", "Warn", "Ignore"
@@ -107,11 +113,148 @@ def admit_custom(
     return pruned, warnings
 
 
+Causes = list[tuple[str, str, str]]
+
+
+def _container_causes(pod_spec: JsonObject, prefix: str) -> Causes:
+    containers = pod_spec.get("containers")
+    causes: Causes = []
+    if not containers:
+        causes.append(("FieldValueRequired", f"{prefix}.containers", "Required value"))
+    for index, container in enumerate(containers or []):
+        for field in ("name", "image"):
+            if not container.get(field):
+                causes.append(
+                    (
+                        "FieldValueRequired",
+                        f"{prefix}.containers[{index}].{field}",
+                        "Required value",
+                    )
+                )
+    return causes
+
+
+def _deployment(obj: JsonObject) -> Causes:
+    """A Deployment's checks, and the defaults the API server gives it."""
+    spec = obj.setdefault("spec", {})
+    spec.setdefault("replicas", 1)
+    spec.setdefault("revisionHistoryLimit", 10)
+    spec.setdefault("progressDeadlineSeconds", 600)
+    strategy = spec.setdefault("strategy", {"type": "RollingUpdate"})
+    if strategy.get("type", "RollingUpdate") == "RollingUpdate":
+        rolling = strategy.setdefault("rollingUpdate", {})
+        rolling.setdefault("maxSurge", "25%")
+        rolling.setdefault("maxUnavailable", "25%")
+    causes: Causes = []
+    if strategy.get("type") not in ("RollingUpdate", "Recreate"):
+        value = json.dumps(strategy.get("type"))
+        causes.append(
+            (
+                "FieldValueNotSupported",
+                "spec.strategy.type",
+                f'Unsupported value: {value}: supported values: "Recreate", "RollingUpdate"',
+            )
+        )
+    match_labels = (spec.get("selector") or {}).get("matchLabels") or {}
+    template = spec.get("template") or {}
+    labels = (template.get("metadata") or {}).get("labels") or {}
+    if not spec.get("selector"):
+        causes.append(("FieldValueRequired", "spec.selector", "Required value"))
+    elif any(labels.get(key) != value for key, value in match_labels.items()):
+        causes.append(
+            (
+                "FieldValueInvalid",
+                "spec.template.metadata.labels",
+                f"Invalid value: {json.dumps(labels)}: `selector` does not match template `labels`",
+            )
+        )
+    causes += _container_causes(template.get("spec") or {}, "spec.template.spec")
+    return causes
+
+
+def _service(obj: JsonObject) -> None:
+    """A Service's defaults: type ClusterIP, a cluster IP (derived from its name, so stable
+    across re-creations), TCP ports whose targetPort is the port."""
+    meta, spec = obj["metadata"], obj.setdefault("spec", {})
+    spec.setdefault("type", "ClusterIP")
+    spec.setdefault("sessionAffinity", "None")
+    if spec.get("clusterIP") is None and spec["type"] != "ExternalName":
+        digest = hashlib.sha256(f"{meta.get('namespace')}/{meta.get('name')}".encode()).digest()
+        spec["clusterIP"] = f"10.96.{digest[0]}.{max(digest[1], 1)}"
+    if spec.get("clusterIP"):
+        spec.setdefault("clusterIPs", [spec["clusterIP"]])
+    for port in spec.get("ports") or []:
+        port.setdefault("protocol", "TCP")
+        port.setdefault("targetPort", port.get("port"))
+
+
+def _rbac(rt: ResourceType, obj: JsonObject) -> Causes:
+    """Roles need verbs in every rule; bindings a roleRef to a Role or ClusterRole."""
+    causes: Causes = []
+    if rt.plural in ("roles", "clusterroles"):
+        for index, rule in enumerate(obj.get("rules") or []):
+            if not rule.get("verbs"):
+                causes.append(
+                    (
+                        "FieldValueRequired",
+                        f"rules[{index}].verbs",
+                        "Required value: verbs must contain at least one value",
+                    )
+                )
+            if not rule.get("nonResourceURLs") and not rule.get("resources"):
+                causes.append(
+                    (
+                        "FieldValueRequired",
+                        f"rules[{index}].resources",
+                        "Required value: resource rules must supply at least one resource",
+                    )
+                )
+        return causes
+    ref = obj.get("roleRef") or {}
+    allowed = ("Role", "ClusterRole") if rt.plural == "rolebindings" else ("ClusterRole",)
+    if ref.get("kind") not in allowed:
+        shown = json.dumps(ref.get("kind", ""))
+        causes.append(
+            (
+                "FieldValueNotSupported",
+                "roleRef.kind",
+                f"Unsupported value: {shown}: supported values: "
+                + ", ".join(f'"{kind}"' for kind in allowed),
+            )
+        )
+    if not ref.get("name"):
+        causes.append(("FieldValueRequired", "roleRef.name", "Required value"))
+    for index, subject in enumerate(obj.get("subjects") or []):
+        if subject.get("kind") == "ServiceAccount" and not subject.get("namespace"):
+            causes.append(("FieldValueRequired", f"subjects[{index}].namespace", "Required value"))
+    return causes
+
+
+def admit_update(rt: ResourceType, current: JsonObject, obj: JsonObject) -> None:
+    """What may not change in an update: a binding's roleRef."""
+    binding = rt.group == RBAC_GROUP and rt.plural.endswith("bindings")
+    if binding and (obj.get("roleRef") or {}) != (current.get("roleRef") or {}):
+        name = obj["metadata"]["name"]
+        raise invalid(
+            rt.kind,
+            rt.group,
+            name,
+            [
+                (
+                    "FieldValueInvalid",
+                    "roleRef",
+                    f"Invalid value: {json.dumps(obj.get('roleRef'))}: cannot change roleRef",
+                )
+            ],
+        )
+
+
 def admit_builtin(rt: ResourceType, obj: JsonObject) -> JsonObject:
-    """The checks of the built-in kinds: object names, pods' containers, a CRD's names."""
+    """The checks of the built-in kinds (object names, pods' containers, Deployments, RBAC, a
+    CRD's names) and their defaults."""
     meta = obj.get("metadata", {})
     name = meta.get("name", "")
-    causes: list[tuple[str, str, str]] = []
+    causes: Causes = []
     if rt.plural != "events" and not _NAME.match(name):
         causes.append(
             (
@@ -122,19 +265,13 @@ def admit_builtin(rt: ResourceType, obj: JsonObject) -> JsonObject:
             )
         )
     if rt.key == ("", "pods"):
-        containers = obj.get("spec", {}).get("containers")
-        if not containers:
-            causes.append(("FieldValueRequired", "spec.containers", "Required value"))
-        for index, container in enumerate(containers or []):
-            for field in ("name", "image"):
-                if not container.get(field):
-                    causes.append(
-                        (
-                            "FieldValueRequired",
-                            f"spec.containers[{index}].{field}",
-                            "Required value",
-                        )
-                    )
+        causes += _container_causes(obj.get("spec") or {}, "spec")
+    if rt.key == ("apps", "deployments"):
+        causes += _deployment(obj)
+    if rt.key == ("", "services"):
+        _service(obj)
+    if rt.group == RBAC_GROUP:
+        causes += _rbac(rt, obj)
     if rt.key == (CRD_GROUP, "customresourcedefinitions"):
         causes.extend(("FieldValueInvalid", field, message) for field, message in crd_problems(obj))
     if causes:

@@ -75,6 +75,18 @@ def _resource_entries(rt: ResourceType) -> list[JsonObject]:
                 "verbs": ["create"],
             }
         )
+    if rt.key == ("", "serviceaccounts"):
+        entries.append(
+            {
+                "name": "serviceaccounts/token",
+                "singularName": "",
+                "namespaced": True,
+                "group": "authentication.k8s.io",
+                "version": "v1",
+                "kind": "TokenRequest",
+                "verbs": ["create"],
+            }
+        )
     if rt.scale is not None:
         entries.append(
             {

@@ -1,7 +1,8 @@
 """Decoding of the Kubernetes protobuf bodies that kubectl's typed commands send.
 
-`kubectl create namespace|configmap|secret|serviceaccount` encode the new object as protobuf
-(application/vnd.kubernetes.protobuf) whatever the server prefers. This reads exactly those
+`kubectl create namespace|configmap|secret|serviceaccount|token` encode the new object (or the
+TokenRequest) as protobuf (application/vnd.kubernetes.protobuf) whatever the server prefers, and
+helm sends DeleteOptions that way. This reads exactly those
 kinds, from the field numbers of k8s.io/api's generated.proto; any other protobuf body is a
 415 that says to send JSON (kubectl create -f / apply -f do).
 """
@@ -131,16 +132,53 @@ def _service_account(fields: Fields) -> JsonObject:
     return {} if automount is None else {"automountServiceAccountToken": automount}
 
 
+def _token_request(fields: Fields) -> JsonObject:
+    spec: JsonObject = {}
+    for data in _bytes_of(fields, 2):
+        spec_fields = _fields(data)
+        spec["audiences"] = [value.decode() for value in _bytes_of(spec_fields, 1)]
+        seconds = [value for field, value in spec_fields if field == 4 and isinstance(value, int)]
+        if seconds:
+            spec["expirationSeconds"] = seconds[-1]
+    return {"spec": spec}
+
+
+def _delete_options(fields: Fields) -> JsonObject:
+    options: JsonObject = {}
+    grace = [value for field, value in fields if field == 1 and isinstance(value, int)]
+    if grace:
+        options["gracePeriodSeconds"] = grace[-1]
+    for data in _bytes_of(fields, 2):
+        conditions = _fields(data)
+        options["preconditions"] = {
+            name: value
+            for name, value in (
+                ("uid", _string(conditions, 1)),
+                ("resourceVersion", _string(conditions, 2)),
+            )
+            if value
+        }
+    if policy := _string(fields, 4):
+        options["propagationPolicy"] = policy
+    dry_run = [value.decode() for value in _bytes_of(fields, 5)]
+    if dry_run:
+        options["dryRun"] = dry_run
+    return options
+
+
 _KINDS: dict[str, Callable[[Fields], JsonObject]] = {
     "Namespace": _namespace,
     "ConfigMap": _config_map,
     "Secret": _secret,
     "ServiceAccount": _service_account,
+    "TokenRequest": _token_request,
+    "DeleteOptions": _delete_options,
 }
 
 
 def decode(body: bytes) -> Any:
-    """The JSON form of a protobuf-encoded Namespace, ConfigMap, Secret or ServiceAccount."""
+    """The JSON form of a protobuf-encoded Namespace, ConfigMap, Secret, ServiceAccount,
+    TokenRequest or DeleteOptions."""
     if not body.startswith(_MAGIC):
         raise bad_request("a Kubernetes protobuf body starts with k8s\\x00")
     envelope = _fields(body[len(_MAGIC) :])

@@ -10,6 +10,7 @@ from typing import Any
 from smoothscale.devcluster.apiserver.errors import JsonObject, no_such_path
 
 CRD_GROUP = "apiextensions.k8s.io"
+RBAC_GROUP = "rbac.authorization.k8s.io"
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,34 @@ BUILTIN_TYPES: tuple[ResourceType, ...] = (
         categories=("all",),
     ),
     _core("events", "Event", namespaced=True, short_names=("ev",), group="events.k8s.io"),
+    ResourceType(
+        group="apps",
+        version="v1",
+        plural="deployments",
+        singular="deployment",
+        kind="Deployment",
+        namespaced=True,
+        short_names=("deploy",),
+        categories=("all",),
+        status_subresource=True,
+        scale=ScalePaths(spec_replicas=".spec.replicas", status_replicas=".status.replicas"),
+    ),
+    ResourceType(
+        group="apps",
+        version="v1",
+        plural="replicasets",
+        singular="replicaset",
+        kind="ReplicaSet",
+        namespaced=True,
+        short_names=("rs",),
+        categories=("all",),
+        status_subresource=True,
+        scale=ScalePaths(spec_replicas=".spec.replicas", status_replicas=".status.replicas"),
+    ),
+    _core("roles", "Role", namespaced=True, group=RBAC_GROUP),
+    _core("rolebindings", "RoleBinding", namespaced=True, group=RBAC_GROUP),
+    _core("clusterroles", "ClusterRole", namespaced=False, group=RBAC_GROUP),
+    _core("clusterrolebindings", "ClusterRoleBinding", namespaced=False, group=RBAC_GROUP),
     _core(
         "customresourcedefinitions",
         "CustomResourceDefinition",

@@ -15,7 +15,23 @@ import yaml
 from aiohttp import web
 
 from smoothscale.devcluster.apiserver import discovery, faults, patching, protobuf, query, tables
-from smoothscale.devcluster.apiserver.admission import STRICT, WARN, admit_builtin, admit_custom
+from smoothscale.devcluster.apiserver.admission import (
+    STRICT,
+    WARN,
+    admit_builtin,
+    admit_custom,
+    admit_update,
+)
+from smoothscale.devcluster.apiserver.auth import (
+    DEFAULT_TOKEN_SECONDS,
+    Attributes,
+    AuditLog,
+    Authorizer,
+    Tokens,
+    User,
+    token_request_response,
+    unauthorized,
+)
 from smoothscale.devcluster.apiserver.errors import (
     ApiError,
     JsonObject,
@@ -30,6 +46,7 @@ from smoothscale.devcluster.apiserver.faults import Faults
 from smoothscale.devcluster.apiserver.peering import KOPF_PEERING_CRDS
 from smoothscale.devcluster.apiserver.registry import (
     CRD_GROUP,
+    RBAC_GROUP,
     Registry,
     ResourceType,
     types_from_crd,
@@ -39,6 +56,8 @@ from smoothscale.devcluster.apiserver.store import Change, StorageKey, Store
 from smoothscale.devcluster.apiserver.watch import serve_watch, watch_request
 
 CRD_KEY: StorageKey = (CRD_GROUP, "customresourcedefinitions")
+USER = web.RequestKey("smoothscale.user", User)
+"""Where a request keeps its authenticated User (absent: the admin, who sent no token)."""
 _GENERATED_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
 
@@ -85,13 +104,17 @@ def _set_path(obj: JsonObject, path: str, value: Any) -> None:
 class ApiServer:
     """Registry + store + the aiohttp application that serves them."""
 
-    def __init__(self, history_size: int = 1000) -> None:
+    def __init__(self, history_size: int = 1000, audit_log: Path | None = None) -> None:
+        """`audit_log`: where to append the audit Events of ServiceAccounts' requests."""
         self.registry = Registry()
         self.store = Store(history_size=history_size)
         self.store.listeners.append(self._on_change)
         self.stopping = asyncio.Event()
         self.faults = Faults()
         """Errors to answer the next matching requests with (tests ask at faults.PATH)."""
+        self.tokens = Tokens()
+        self.authorizer = Authorizer(self._rbac_objects)
+        self.audit = AuditLog(audit_log) if audit_log is not None else None
         for name in ("default", "kube-system", "kube-public"):
             self.create(self._type("", "v1", "namespaces"), {"metadata": {"name": name}})
         for crd in KOPF_PEERING_CRDS:
@@ -101,6 +124,9 @@ class ApiServer:
 
     def _type(self, group: str, version: str, plural: str) -> ResourceType:
         return self.registry.get(group, version, plural)
+
+    def _rbac_objects(self, plural: str, namespace: str | None) -> list[JsonObject]:
+        return self.store.list(self._type(RBAC_GROUP, "v1", plural), namespace)
 
     def load_crds(self, paths: Sequence[Path]) -> None:
         """Create (or replace) the CRDs in these YAML files or directories of YAML files."""
@@ -118,6 +144,14 @@ class ApiServer:
                     self.create(crd_type, document)
 
     def _on_change(self, key: StorageKey, change: Change) -> None:
+        if key == ("", "namespaces") and change.type == "ADDED":
+            # What Kubernetes' serviceaccounts controller does: each namespace has a "default".
+            namespace = change.object["metadata"]["name"]
+            self.create(
+                self._type("", "v1", "serviceaccounts"),
+                {"metadata": {"name": "default"}},
+                namespace=namespace,
+            )
         if key != CRD_KEY:
             return
         crd = change.old if change.type == "DELETED" and change.old is not None else change.object
@@ -192,6 +226,8 @@ class ApiServer:
             obj.pop("status", None)
             if "status" in current:
                 obj["status"] = current["status"]
+        if not rt.custom:
+            admit_update(rt, current, obj)
         obj, warnings = self._admit(rt, obj, field_validation)
         return self.store.update(rt, obj, dry_run=dry_run), warnings
 
@@ -199,7 +235,8 @@ class ApiServer:
 
     def application(self) -> web.Application:
         app = web.Application(
-            middlewares=[self._inject_faults, self._errors], client_max_size=16 * 1024 * 1024
+            middlewares=[self._inject_faults, self._errors, self._authenticate],
+            client_max_size=16 * 1024 * 1024,
         )
         app.router.add_route("*", faults.PATH, self._faults)
         fixed = {
@@ -251,6 +288,56 @@ class ApiServer:
         except web.HTTPNotFound:
             return _json(no_such_path().status(), status=404)
         return response
+
+    @web.middleware
+    async def _authenticate(
+        self, request: web.Request, handler: Callable[[web.Request], Any]
+    ) -> web.StreamResponse:
+        """A bearer token must be a live ServiceAccount token (401 otherwise); without one the
+        request is the admin's."""
+        header = request.headers.get("Authorization", "")
+        if header:
+            scheme, _, token = header.partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                raise unauthorized()
+            request[USER] = self.tokens.user_of(token.strip(), self._service_account_uid)
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    def _service_account_uid(self, namespace: str, name: str) -> str | None:
+        accounts = self._type("", "v1", "serviceaccounts")
+        if not self.store.exists(accounts, namespace, name):
+            return None
+        uid: str = self.store.get(accounts, namespace, name)["metadata"]["uid"]
+        return uid
+
+    def _authorize(self, request: web.Request, target: Target, verb: str) -> None:
+        """RBAC for a ServiceAccount's request (the admin may do anything); audited."""
+        user: User | None = request.get(USER)
+        if user is None:
+            return
+        name = target.name or ""
+        selector = request.query.get("fieldSelector", "")
+        if verb in ("list", "watch") and selector.startswith("metadata.name="):
+            name = selector.removeprefix("metadata.name=")  # as RBAC's resourceNames see it
+        attributes = Attributes(
+            verb=verb,
+            group=target.rt.group,
+            version=target.rt.version,
+            resource=target.rt.plural,
+            subresource=target.subresource or "",
+            namespace=target.namespace,
+            name="" if "," in name else name,
+            path=request.path_qs,
+        )
+        try:
+            self.authorizer.authorize(user, attributes)
+        except ApiError as error:
+            if self.audit is not None:
+                self.audit.record(user, attributes, allowed=False, reason=error.message)
+            raise
+        if self.audit is not None:
+            self.audit.record(user, attributes, allowed=True)
 
     def _document_handler(
         self, document: Callable[[], JsonObject]
@@ -315,8 +402,9 @@ class ApiServer:
             raise no_such_path()
         subresource = parts[2] if len(parts) == 3 else None
         binding = subresource == "binding" and rt.key == ("", "pods")
+        token = subresource == "token" and rt.key == ("", "serviceaccounts")
         if (
-            (subresource not in (None, "status", "scale") and not binding)
+            (subresource not in (None, "status", "scale") and not binding and not token)
             or (subresource == "scale" and rt.scale is None)
             or (subresource == "status" and not rt.status_subresource)
         ):
@@ -330,12 +418,21 @@ class ApiServer:
         method = request.method
         if target.name is None:
             if method == "GET" and query.flag(request.query, "watch"):
+                self._authorize(request, target, "watch")
                 return await self._watch(request, target)
             if method == "GET":
+                self._authorize(request, target, "list")
                 return self._list(request, target)
             if method == "POST" and (target.namespace or not target.rt.namespaced):
+                self._authorize(request, target, "create")
                 return await self._create(request, target)
             raise method_not_allowed(f"{method} is not supported on a collection here")
+        verbs = {"GET": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+        self._authorize(request, target, "create" if method == "POST" else verbs.get(method, ""))
+        if target.subresource == "token":
+            if method != "POST":
+                raise method_not_allowed("a token can only be requested (POST)")
+            return await self._token(request, target)
         if target.subresource == "scale":
             return await self._scale(request, target)
         if target.subresource == "binding":
@@ -496,6 +593,7 @@ class ApiServer:
         if not self.store.exists(rt, target.namespace, target.name):
             if content_type != patching.APPLY_PATCH or target.subresource:
                 raise not_found(rt.resource, target.name)
+            self._authorize(request, target, "create")  # an apply that creates needs both
             obj = self._addressed(target, self._patched(rt, None, content_type, patch))
             created, warnings = self.create(
                 rt, obj, namespace=target.namespace, field_validation=validation, dry_run=dry_run
@@ -558,6 +656,26 @@ class ApiServer:
         pod.setdefault("spec", {})["nodeName"] = node
         self.store.update(target.rt, pod)
         return _json({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}, 201)
+
+    async def _token(self, request: web.Request, target: Target) -> web.Response:
+        """POST serviceaccounts/NAME/token: a TokenRequest answered with a new token."""
+        assert target.name is not None
+        account = self.store.get(target.rt, target.namespace, target.name)
+        token_request = await self._body(request) or {}
+        if not isinstance(token_request, dict):
+            raise bad_request("the request body must be a TokenRequest")
+        seconds = (token_request.get("spec") or {}).get("expirationSeconds")
+        seconds = DEFAULT_TOKEN_SECONDS if seconds is None else int(seconds)
+        if seconds < 600:
+            raise ApiError(
+                422,
+                "Invalid",
+                f'TokenRequest.authentication.k8s.io "{target.name}" is invalid: '
+                f"spec.expirationSeconds: Invalid value: {seconds}: may not specify a duration "
+                "less than 10 minutes",
+            )
+        token, expires = self.tokens.issue(account, seconds)
+        return _json(token_request_response(account, token_request, token, expires), status=201)
 
     # -- the scale subresource --------------------------------------------------------------
 

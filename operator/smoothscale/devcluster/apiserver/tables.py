@@ -201,6 +201,43 @@ _BUILTIN: dict[tuple[str, str], tuple[list[PrinterColumn], Callable[[JsonObject]
         ),
         _event_row,
     ),
+    ("apps", "deployments"): (
+        _builtin_columns(
+            [
+                ("Name", "string", 0),
+                ("Ready", "string", 0),
+                ("Up-to-date", "string", 0),
+                ("Available", "string", 0),
+                ("Age", "string", 0),
+            ]
+        ),
+        lambda deployment: [
+            deployment["metadata"]["name"],
+            f"{deployment.get('status', {}).get('readyReplicas', 0)}/"
+            f"{deployment.get('spec', {}).get('replicas', 1)}",
+            deployment.get("status", {}).get("updatedReplicas", 0),
+            deployment.get("status", {}).get("availableReplicas", 0),
+            human_age(deployment["metadata"].get("creationTimestamp")),
+        ],
+    ),
+    ("apps", "replicasets"): (
+        _builtin_columns(
+            [
+                ("Name", "string", 0),
+                ("Desired", "integer", 0),
+                ("Current", "integer", 0),
+                ("Ready", "integer", 0),
+                ("Age", "string", 0),
+            ]
+        ),
+        lambda replica_set: [
+            replica_set["metadata"]["name"],
+            replica_set.get("spec", {}).get("replicas", 1),
+            replica_set.get("status", {}).get("replicas", 0),
+            replica_set.get("status", {}).get("readyReplicas", 0),
+            human_age(replica_set["metadata"].get("creationTimestamp")),
+        ],
+    ),
     ("", "namespaces"): (
         _builtin_columns([("Name", "string", 0), ("Status", "string", 0), ("Age", "string", 0)]),
         lambda ns: [
