@@ -102,6 +102,14 @@ def app_manifest(namespace: str, name: str, bootstrap: str, **spec: Any) -> str:
     return yaml.safe_dump(app)
 
 
+def input_and_output(local_cluster: StackInfo, name: str) -> AdminClient:
+    """Create the app's input and output topics (2 partitions each); an admin client."""
+    admin = AdminClient({"bootstrap.servers": local_cluster.kafka_bootstrap})
+    for topic in (f"{name}-in", f"{name}-out"):
+        admin.create_topics([NewTopic(topic, 2)])[topic].result(30)
+    return admin
+
+
 def status_of(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
     app = kubectl.json("get", "-n", namespace, "streamingapp", name)
     status: dict[str, Any] = app.get("status") or {}
@@ -170,9 +178,7 @@ def test_a_pipeline_that_cannot_be_imported_is_degraded_with_the_reason_not_a_si
     kubectl = Kubectl(kubectl_binary(), local_cluster.kubeconfig)
     name = "typo"
     bootstrap = local_cluster.kafka_bootstrap
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for topic in (f"{name}-in", f"{name}-out"):
-        admin.create_topics([NewTopic(topic, 2)])[topic].result(30)
+    input_and_output(local_cluster, name)
     manifest = app_manifest(
         namespace, name, bootstrap, pipeline={"ref": "examples.pipelines.runing_count:pipeline"}
     )
@@ -200,9 +206,7 @@ def test_deletion_policy_delete_deletes_the_apps_state_topics_and_never_its_data
     kubectl = Kubectl(kubectl_binary(), local_cluster.kubeconfig)
     name = "scratch"
     bootstrap = local_cluster.kafka_bootstrap
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for topic in (f"{name}-in", f"{name}-out"):
-        admin.create_topics([NewTopic(topic, 2)])[topic].result(30)
+    admin = input_and_output(local_cluster, name)
     kubectl.ok(
         "apply", "-f", "-", stdin=app_manifest(namespace, name, bootstrap, deletionPolicy="Delete")
     )

@@ -56,12 +56,14 @@ def start_steady(running: Session) -> None:
     running.feed.start()
 
 
+def handing_over(running: Session) -> bool:
+    """A hand-over is in flight (a task between its old and its new owner)."""
+    return any(task.get("handover") for task in running.watcher.status.get("tasks") or [])
+
+
 def moving(running: Session) -> bool:
     """A warm-up or a hand-over is under way."""
-    status = running.watcher.status
-    return bool(status.get("warmupReplicas")) or any(
-        task.get("handover") for task in status.get("tasks") or []
-    )
+    return bool(running.watcher.status.get("warmupReplicas")) or handing_over(running)
 
 
 def test_scaling_back_in_the_middle_of_a_scale_out_then_to_zero_and_up_again(
@@ -100,7 +102,7 @@ def test_the_operator_killed_mid_hand_over_and_its_status_wiped_resumes_exactly(
 
         running.scale(2)
         watcher.run_until(
-            lambda: any(task.get("handover") for task in watcher.status.get("tasks") or []),
+            lambda: handing_over(running),
             "a hand-over in flight",
         )
         running.restart_operator()
@@ -255,7 +257,7 @@ def test_a_source_restarted_in_place_mid_hand_over_still_ends_the_hand_over(
         start_steady(running)
         running.scale(2)
         watcher.run_until(
-            lambda: any(task.get("handover") for task in watcher.status.get("tasks") or []),
+            lambda: handing_over(running),
             "a hand-over in flight",
         )
         running.signal_container(f"{APP_NAME}-0", signal.SIGKILL)
@@ -293,7 +295,7 @@ def test_kafka_down_mid_hand_over_degrades_the_app_and_it_finishes_once_kafka_is
         start_steady(running)
         running.scale(2)
         watcher.run_until(
-            lambda: any(task.get("handover") for task in watcher.status.get("tasks") or []),
+            lambda: handing_over(running),
             "a hand-over in flight",
         )
         before = pod_uids(running)
@@ -403,7 +405,7 @@ def test_two_operator_replicas_the_leader_killed_mid_hand_over_the_other_finishe
             running.feed.start()
             running.scale(2)
             watcher.run_until(
-                lambda: any(task.get("handover") for task in watcher.status.get("tasks") or []),
+                lambda: handing_over(running),
                 "a hand-over in flight",
             )
             leader.kill()

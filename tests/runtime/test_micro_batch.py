@@ -58,31 +58,9 @@ def test_a_batch_applies_window_updates_once_and_sends_its_dead_letters_in_its_t
     config = app_config(embedded_kafka, tmp_path).model_copy(update={"stores": {"windows": None}})
     for topic in config.changelog_topics().values():
         embedded_kafka.create_topic(topic, PARTITIONS)
-    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
-    # Only task 0 is active here: task 1's rows belong to another instance.
-    operator.write(
-        "pod-a", Assignment(generation=1, tasks={0: TaskAssignment(role=TaskRole.ACTIVE, epoch=1)})
-    )
-    operator.close()
     pipeline = tumbling_window()
-    metrics = InstanceMetrics()
-    worker_config = for_instance(config, "pod-a")
-    worker_config.state_dir.mkdir(parents=True)
-    instance = Instance(
-        worker_config,
-        pipeline,
-        metrics,
-        worker_config.state_dir / "plan.json",
-        dead_letter_sender(config.dead_letters()),
-    )
-    instance.start(first_assignment_timeout=5)
-    try:
-
-        def activated() -> bool:
-            instance.tick()
-            return instance.active_tasks() == {0: 1}
-
-        wait_for(activated, 10, "the activation")
+    # Only task 0 is active here: task 1's rows belong to another instance.
+    with active_instance(config, pipeline) as (instance, metrics, _config):
         topic = config.input_topics[0]
         rows = [
             record(topic, 0, 0, "alice", 5, 10 * MINUTE + 1),
@@ -98,8 +76,6 @@ def test_a_batch_applies_window_updates_once_and_sends_its_dead_letters_in_its_t
         run(batch, 1)
         state = instance.state_snapshot(0)
         exposition = metrics.exposition().decode()
-    finally:
-        instance.shutdown(timeout=10)
 
     assert state == {
         f"alice|{10 * MINUTE}": {"sum": 12, "count": 2},
@@ -146,9 +122,9 @@ def counting(
 
 @contextmanager
 def active_instance(
-    embedded_kafka: EmbeddedKafka, tmp_path: Path, pipeline: Pipeline
+    config: WorkerConfig, pipeline: Pipeline
 ) -> Iterator[tuple[Instance, InstanceMetrics, WorkerConfig]]:
-    config = app_config(embedded_kafka, tmp_path)  # its "counts" changelog exists
+    """An instance "pod-a" of the app `config` with task 0 active, stopped afterwards."""
     operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
     operator.write(
         "pod-a", Assignment(generation=1, tasks={0: TaskAssignment(role=TaskRole.ACTIVE, epoch=1)})
@@ -189,7 +165,11 @@ def test_records_the_pipelines_aggregate_raises_on_go_to_dead_letters_and_the_re
     spark: SparkSession, embedded_kafka: EmbeddedKafka, tmp_path: Path
 ) -> None:
     pipeline = counting(raise_in_aggregate="mallory")
-    with active_instance(embedded_kafka, tmp_path, pipeline) as (instance, metrics, config):
+    with active_instance(app_config(embedded_kafka, tmp_path), pipeline) as (
+        instance,
+        metrics,
+        config,
+    ):
         topic = config.input_topics[0]
         users = ["alice", "alice", "mallory", "bob", "alice"]
         rows = [user_record(topic, offset, user) for offset, user in enumerate(users)]
@@ -218,7 +198,11 @@ def test_records_of_a_key_the_pipelines_apply_raises_on_go_to_dead_letters_its_s
     spark: SparkSession, embedded_kafka: EmbeddedKafka, tmp_path: Path
 ) -> None:
     pipeline = counting(raise_in_apply="mallory")
-    with active_instance(embedded_kafka, tmp_path, pipeline) as (instance, metrics, config):
+    with active_instance(app_config(embedded_kafka, tmp_path), pipeline) as (
+        instance,
+        metrics,
+        config,
+    ):
         topic = config.input_topics[0]
         users = ["alice", "mallory", "bob", "mallory"]
         rows = [user_record(topic, offset, user) for offset, user in enumerate(users)]
@@ -237,7 +221,11 @@ def test_a_pipeline_that_raises_on_a_whole_large_batch_fails_it_and_commits_noth
     """Past a few records per batch the error is the pipeline's, not the records': the batch
     fails (the instance restarts, the operator shows why) and nothing is committed or lost."""
     pipeline = counting(raise_in_aggregate="alice")
-    with active_instance(embedded_kafka, tmp_path, pipeline) as (instance, metrics, config):
+    with active_instance(app_config(embedded_kafka, tmp_path), pipeline) as (
+        instance,
+        metrics,
+        config,
+    ):
         topic = config.input_topics[0]
         rows = [user_record(topic, offset, "alice") for offset in range(200)]
         with pytest.raises(Exception, match="cannot count alice"):
@@ -255,7 +243,11 @@ def test_a_new_instance_warms_its_query_on_a_sample_it_does_not_own_and_commits_
     next batch runs the pipeline over them (decode, aggregate) and drops the result; the
     sample then leaves the plan."""
     pipeline = counting()
-    with active_instance(embedded_kafka, tmp_path, pipeline) as (instance, metrics, config):
+    with active_instance(app_config(embedded_kafka, tmp_path), pipeline) as (
+        instance,
+        metrics,
+        config,
+    ):
         topic = config.input_topics[0]
         producer = Producer({"bootstrap.servers": config.bootstrap_servers})
         for _ in range(5):
