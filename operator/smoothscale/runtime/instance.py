@@ -346,17 +346,20 @@ class Instance:
         is no input to sample (then there is nothing to warm with)."""
         with self.lock:
             owned = {(topic, task) for topic in self.config.input_topics for task in self._active}
-            for topic in self.config.input_topics:
-                for partition in self._partitions_of(topic):
-                    if (topic, partition) in owned:
-                        continue
-                    low, high = self._offsets.get_watermark_offsets(
-                        TopicPartition(topic, partition), timeout=10
-                    )
-                    if high > low:
-                        self._warm_up = {(topic, partition): max(low, high - records)}
-                        self._write_plan()
-                        return True
+            try:
+                for topic in self.config.input_topics:
+                    for partition in self._partitions_of(topic):
+                        if (topic, partition) in owned:
+                            continue
+                        low, high = self._offsets.get_watermark_offsets(
+                            TopicPartition(topic, partition), timeout=10
+                        )
+                        if high > low:
+                            self._warm_up = {(topic, partition): max(low, high - records)}
+                            self._write_plan()
+                            return True
+            except KafkaException as error:
+                log.warning("no warm-up sample (%s): the instance is ready cold", error)
         return False
 
     def end_warm_up(self) -> None:

@@ -81,6 +81,8 @@ class MicroBatch:
         from smoothscale.runtime.decode import decode
 
         rows = batch.where(_at_or_after(sample))
+        if rows.isEmpty():
+            return  # planned before the sample was: the next batch reads it
         try:
             good, bad = decode(rows, self.pipeline)
             bad.count()
