@@ -324,14 +324,17 @@ def template_hashes(running: Session) -> dict[str, str]:
     }
 
 
+@pytest.mark.timeout(1500)
 def test_a_changed_pod_template_rolls_the_pods_one_at_a_time_through_warm_ups(
     tmp_path: Path,
 ) -> None:
     """A change of env (as of image or pipeline) replaces every pod, one at a time: a surge
     pod starts first, the outdated pod's tasks warm up and move once caught up, then it is
-    drained, deleted and re-created; never more than one pod over, exact, no two owners."""
+    drained, deleted and re-created; never more than one pod over, exact, no two owners.
+    Three pods start one after the other (each ready only once warm): under a loaded machine
+    that alone takes minutes, hence the longer phase timeout."""
     out = io.StringIO()
-    with session(options(tmp_path), out) as running:
+    with session(options(tmp_path, phase_timeout=900), out) as running:
         watcher = running.watcher
         running.apply(replicas=2)
         watcher.run_until(lambda: watcher.settled(2), "two instances running")
