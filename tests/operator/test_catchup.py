@@ -81,10 +81,13 @@ def test_an_instance_whose_reports_stop_is_silent_once_a_whole_silence_has_passe
     assert beats.silent(["counts-1"], restarted, SILENCE, START + timedelta(seconds=51)) == set()
 
 
-def test_an_instance_given_tasks_that_never_reports_is_silent_too() -> None:
+def test_an_instance_given_tasks_that_never_reports_is_silent_after_a_start_up_grace() -> None:
     beats = Heartbeats()
     assert beats.silent(["counts-1"], {}, SILENCE, START) == set()
-    assert beats.silent(["counts-1"], {}, SILENCE, START + timedelta(seconds=31)) == {"counts-1"}
+    later = START + timedelta(seconds=31)
+    assert beats.silent(["counts-1"], {}, SILENCE, later) == set(), "still starting, maybe"
+    much_later = START + timedelta(minutes=2, seconds=1)
+    assert beats.silent(["counts-1"], {}, SILENCE, much_later) == {"counts-1"}
 
 
 def test_only_instances_that_hold_something_are_judged_and_older_reports_never() -> None:

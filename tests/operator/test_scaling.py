@@ -430,10 +430,15 @@ def test_a_warmup_pod_that_hangs_gets_nothing_and_a_condition_says_why(tmp_path:
         watcher = running.watcher
         start_steady(running)
         running.scale(2)
-        watcher.run_until(
-            lambda: len(pod_uids(running)) == 2 and "WarmupStarted" in out.getvalue(),
-            "the new pod warming up",
-        )
+
+        def reported_lag() -> bool:
+            return any(
+                holder["instance"] == f"{APP_NAME}-1" and holder.get("lag") is not None
+                for task in watcher.status.get("tasks") or []
+                for holder in task.get("holders") or []
+            )
+
+        watcher.run_until(reported_lag, "the new pod reporting its warm-ups")
         frozen = f"{APP_NAME}-1"
         running.signal_container(frozen, signal.SIGSTOP)
         try:

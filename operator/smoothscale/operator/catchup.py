@@ -17,6 +17,9 @@ from datetime import datetime, timedelta
 from smoothscale.kafka.progress import ReportedRole, TaskProgress
 from smoothscale.tasks import TaskId
 
+FIRST_REPORT_GRACE = timedelta(minutes=2)
+"""How long an instance given tasks may take to send its first report (its process starting)."""
+
 MIN_WINDOW = timedelta(seconds=30)
 """The shortest window judged: lag moves in steps of a micro-batch, so a short window would
 name warm-ups that are merely between two restore bursts."""
@@ -80,8 +83,9 @@ class Heartbeats:
         now: datetime,
     ) -> set[str]:
         """Of the instances that hold something (`holding`), those whose beat has not grown
-        for `after`, or that have not reported at all for that long since they were first
-        given something: hung, starved of CPU, or unable to reach Kafka. An instance whose
+        for `after`, or that have not reported at all for max(`after`, FIRST_REPORT_GRACE)
+        since they were first given something (a new pod's process may take that long to start
+        on a busy node): hung, starved of CPU, or unable to reach Kafka. An instance whose
         reports carry no beat (an older version) is never judged."""
         holding = set(holding)
         for gone in set(self._seen) - holding:
@@ -100,6 +104,6 @@ class Heartbeats:
             seen = self._seen.get(instance)
             if seen is None or beat != seen[0]:
                 self._seen[instance] = (beat, now)
-            elif now - seen[1] >= after:
+            elif now - seen[1] >= (after if beat is not None else max(after, FIRST_REPORT_GRACE)):
                 silent.add(instance)
         return silent
