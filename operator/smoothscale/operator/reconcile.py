@@ -237,7 +237,12 @@ class AppController:
             ledger, rewrite_all = self._memory(kafka, statuses, live, tasks)
             progress = kafka.reader.read(statuses, tasks)
             holding = [name for name, held in ledger.assignments.items() if held.tasks]
-            silent = self._heartbeats.silent(holding, progress, _silence(scaling), now)
+            own = {  # not the reports an earlier pod of the same name left behind
+                key: item
+                for key, item in progress.items()
+                if item.report.generation >= ledger.joined.get(key[0], 0)
+            }
+            silent = self._heartbeats.silent(holding, own, _silence(scaling), now)
             progress = _without_stale_restores(progress, silent)
             problems += _silence_problems(silent, _silence(scaling))
             problems += _report_problems(progress)
