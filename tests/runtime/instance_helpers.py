@@ -15,7 +15,7 @@ from smoothscale.kafka.embedded import EmbeddedKafka
 from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.instance import BatchInput, Instance
 from smoothscale.runtime.metrics import InstanceMetrics
-from tests.runtime.kafka_helpers import read_committed, unique
+from tests.runtime.kafka_helpers import read_committed, unique, wait_for
 
 PARTITIONS = 2
 STORE = "counts"
@@ -82,6 +82,17 @@ def running(config: WorkerConfig) -> Iterator[Instance]:
         yield instance
     finally:
         instance.shutdown(timeout=10)
+
+
+def ticked(instance: Instance) -> Instance:
+    instance.tick()
+    return instance
+
+
+def until_active(instance: Instance, tasks: dict[int, int]) -> None:
+    """Wait until the instance has read its assignment and holds exactly `tasks` (task: epoch)
+    active: activation happens on a tick after start, not in start."""
+    wait_for(lambda: ticked(instance).active_tasks() == tasks, 10, f"tasks {tasks} active")
 
 
 def feed(instance: Instance, limit: int = 50) -> int:

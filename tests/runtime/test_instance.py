@@ -13,7 +13,6 @@ from smoothscale.kafka.assignments import Assignment, AssignmentWriter, TaskAssi
 from smoothscale.kafka.embedded import EmbeddedKafka
 from smoothscale.kafka.progress import ProgressCommitter, ProgressReader, ReportedRole, TaskReport
 from smoothscale.runtime.changelog import closer, data, marker
-from smoothscale.runtime.instance import Instance
 from smoothscale.runtime.restore import catch_up
 from smoothscale.runtime.store import TaskState
 from smoothscale.runtime.transactions import TaskProducer
@@ -28,6 +27,8 @@ from tests.runtime.instance_helpers import (
     for_instance,
     produce_users,
     running,
+    ticked,
+    until_active,
     user_partition,
     users_batch,
 )
@@ -46,11 +47,6 @@ def role(name: TaskRole, epoch: int) -> TaskAssignment:
     return TaskAssignment(role=name, epoch=epoch)
 
 
-def ticked(instance: Instance) -> Instance:
-    instance.tick()
-    return instance
-
-
 def test_hand_over_between_two_instances_keeps_the_state_exact(
     embedded_kafka: EmbeddedKafka, tmp_path: Path
 ) -> None:
@@ -62,7 +58,7 @@ def test_hand_over_between_two_instances_keeps_the_state_exact(
     produced = users_batch(300)
     produce_users(config, produced[:200])
     with running(for_instance(config, "pod-a")) as a, running(for_instance(config, "pod-b")) as b:
-        wait_for(lambda: ticked(a).active_tasks() == {0: 1, 1: 1}, 10, "the activation")
+        until_active(a, {0: 1, 1: 1})
         while feed(a):
             pass
 
@@ -104,7 +100,7 @@ def test_hand_over_between_two_instances_keeps_the_state_exact(
             "pod-b",
             Assignment(generation=4, tasks={1: active(2, dict(released.positions))}),
         )
-        wait_for(lambda: ticked(b).active_tasks() == {1: 2}, 10, "the activation")
+        until_active(b, {1: 2})
         while feed(a) + feed(b):
             pass
         assert reader.reports("pod-b", PARTITIONS)[1].role is ReportedRole.ACTIVE
@@ -130,12 +126,13 @@ def test_an_unfenced_zombie_owner_cannot_corrupt_the_state(
     produced = users_batch(200)
     produce_users(config, produced[:100])
     with running(for_instance(config, "pod-a")) as a:
+        until_active(a, {0: 1, 1: 1})
         feed(a)
         # pod-a stops answering; the operator moves its tasks to pod-b without a release
         # (failover). pod-a never sees that assignment: it is a zombie, still running.
         operator.write("pod-b", Assignment(generation=2, tasks={0: active(2), 1: active(2)}))
         with running(for_instance(config, "pod-b")) as b:
-            wait_for(lambda: ticked(b).active_tasks() == {0: 2, 1: 2}, 10, "the failover")
+            until_active(b, {0: 2, 1: 2})
             produce_users(config, produced[100:])
             # The mock broker does not fence: the zombie's next transaction commits.
             assert feed(a) > 0
@@ -167,6 +164,7 @@ def test_shutdown_releases_every_active_task_with_its_final_offsets(
     produce_users(config, users_batch(40))
     reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
     with running(for_instance(config, "pod-a")) as a:
+        until_active(a, {0: 1, 1: 1})
         feed(a)
         while_active = reader.reports("pod-a", PARTITIONS)
     operator.close()
@@ -189,7 +187,7 @@ def test_an_assignment_older_than_the_changelog_epoch_is_refused_and_reported(
     reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
     operator.write("pod-a", Assignment(generation=1, tasks={0: active(5)}))
     with running(for_instance(config, "pod-a")) as a:
-        wait_for(lambda: ticked(a).active_tasks() == {0: 5}, 10, "the activation")
+        until_active(a, {0: 5})
     # A stale operator hands the task to pod-b at an epoch below the one in the changelog.
     operator.write("pod-b", Assignment(generation=2, tasks={0: active(4)}))
     with running(for_instance(config, "pod-b")) as b:
@@ -209,7 +207,7 @@ def test_an_assignment_older_than_the_changelog_epoch_is_refused_and_reported(
         assert reader.reports("pod-b", PARTITIONS)[0].role is ReportedRole.REFUSED
 
         operator.write("pod-b", Assignment(generation=3, tasks={0: active(6)}))
-        wait_for(lambda: ticked(b).active_tasks() == {0: 6}, 10, "the activation above it")
+        until_active(b, {0: 6})
     operator.close()
     reader.close()
 
@@ -234,7 +232,7 @@ def test_a_released_task_kept_as_standby_follows_the_new_owner(
         operator.write(
             "pod-b", Assignment(generation=3, tasks={0: active(2, dict(released.positions))})
         )
-        wait_for(lambda: ticked(b).active_tasks() == {0: 2}, 10, "the activation")
+        until_active(b, {0: 2})
         produce_users(config, produced[50:])
         while feed(b):
             pass
@@ -266,7 +264,7 @@ def test_a_report_kafka_refuses_does_not_stop_processing_and_is_sent_again(
     produce_users(config, produced[:30])
     reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
     with running(for_instance(config, "pod-a")) as a:
-        wait_for(lambda: ticked(a).active_tasks() == {0: 1, 1: 1}, 10, "the activation")
+        until_active(a, {0: 1, 1: 1})
         offset_commit, group_authorization_failed = 8, 30
         kafka_cluster.push_request_errors(offset_commit, [group_authorization_failed] * 3)
         assert feed(a) == 30, "the batch commits although its reports are refused"
@@ -345,7 +343,7 @@ def test_a_restarted_instance_ends_the_hand_over_its_previous_run_left_open(
         )
         # An unrelated assignment does not end the release report ...
         operator.write("pod-a", Assignment(generation=3, tasks={0: active(4)}))
-        wait_for(lambda: ticked(a).active_tasks() == {0: 4}, 10, "the epoch bump")
+        until_active(a, {0: 4})
         operator.write("pod-a", Assignment(generation=4, tasks={0: active(4)}))
         a.tick()
         assert reader.reports("pod-a", PARTITIONS)[1].role is ReportedRole.RELEASED
@@ -374,6 +372,7 @@ def test_the_state_stays_exact_through_several_hand_overs(
     generation = 1
     with running(for_instance(config, "pod-a")) as a, running(for_instance(config, "pod-b")) as b:
         owner, other, instance_ids = a, b, ("pod-a", "pod-b")
+        until_active(a, {0: 1})
         for epoch, chunk in enumerate(chunks[:3], start=1):
             produce_users(config, chunk)
             while feed(owner):
@@ -423,7 +422,7 @@ def test_an_activation_needing_a_long_restore_never_stops_the_other_tasks(
     operator.write("pod-a", Assignment(generation=1, tasks={0: active(1)}))
     users = users_batch(200)
     with running(for_instance(config, "pod-a")) as a:
-        wait_for(lambda: ticked(a).active_tasks() == {0: 1}, 10, "task 0 active")
+        until_active(a, {0: 1})
         before = ends.get_watermark_offsets(TopicPartition(changelog, 1), timeout=10)[1]
         # Task 1 comes with a stale, low restoreUntil: the marker is written at once, and the
         # restore through it (40,000 records) follows in the background.

@@ -36,6 +36,7 @@ from tests.runtime.instance_helpers import (
     for_instance,
     produce_users,
     running,
+    until_active,
     user_partition,
     users_batch,
 )
@@ -66,6 +67,7 @@ def test_tombstones_follow_verified_batches_and_compaction_keeps_the_state(
     operator.write("pod-a", Assignment(generation=1, tasks={0: active(1)}))
     users = [user for user in users_batch(40) if user_partition(user) == 0][:5]
     with running(for_instance(config, "pod-a")) as a:
+        until_active(a, {0: 1})
         for _ in range(6):
             produce_users(config, users)
             assert feed(a) == len(users)
@@ -106,6 +108,7 @@ def test_an_owner_that_finds_a_higher_writer_before_its_batch_is_fenced(
     users = users_batch(60)
     produce_users(config, users[:30])
     with running(for_instance(config, "pod-a")) as a:
+        until_active(a, {0: 1, 1: 1})
         feed(a)
         # Another instance took task 0 over at epoch 2 without pod-a hearing of it (the test
         # brokers do not fence): its marker lands in the changelog before pod-a's next batch.
@@ -137,8 +140,9 @@ def test_a_lower_writer_in_the_gap_does_not_stop_verification(
     operator.write("pod-a", Assignment(generation=1, tasks={0: active(3)}))
     users = [user for user in users_batch(40) if user_partition(user) == 0][:5]
     with running(for_instance(config, "pod-a")) as a:
+        until_active(a, {0: 3})
         produce_users(config, users)
-        feed(a)
+        assert feed(a) == len(users)
         # An older owner, not fenced by the broker, still commits: its record lands between
         # pod-a's batches, which then no longer follow on.
         older = TaskProducer(config, task=0, epoch=1)
