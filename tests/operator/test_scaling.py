@@ -26,6 +26,7 @@ from smoothscale.demo.scenario import (
     session,
 )
 from smoothscale.kafka import names
+from tests.operator.status_stream import handing_over, status_stream
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.cluster]
@@ -56,14 +57,10 @@ def start_steady(running: Session) -> None:
     running.feed.start()
 
 
-def handing_over(running: Session) -> bool:
-    """A hand-over is in flight (a task between its old and its new owner)."""
-    return any(task.get("handover") for task in running.watcher.status.get("tasks") or [])
-
-
 def moving(running: Session) -> bool:
     """A warm-up or a hand-over is under way."""
-    return bool(running.watcher.status.get("warmupReplicas")) or handing_over(running)
+    status = running.watcher.status
+    return bool(status.get("warmupReplicas")) or handing_over(status)
 
 
 def test_scaling_back_in_the_middle_of_a_scale_out_then_to_zero_and_up_again(
@@ -99,13 +96,10 @@ def test_the_operator_killed_mid_hand_over_and_its_status_wiped_resumes_exactly(
     with session(options(tmp_path), out) as running:
         watcher = running.watcher
         start_steady(running)
-
-        running.scale(2)
-        watcher.run_until(
-            lambda: handing_over(running),
-            "a hand-over in flight",
-        )
-        running.restart_operator()
+        with status_stream(running) as stream:
+            running.scale(2)
+            stream.wait(handing_over, "a hand-over in flight")
+            running.restart_operator()
         running.kubectl(
             "patch",
             "-n",
@@ -255,12 +249,10 @@ def test_a_source_restarted_in_place_mid_hand_over_still_ends_the_hand_over(
     with session(options(tmp_path), out) as running:
         watcher = running.watcher
         start_steady(running)
-        running.scale(2)
-        watcher.run_until(
-            lambda: handing_over(running),
-            "a hand-over in flight",
-        )
-        running.signal_container(f"{APP_NAME}-0", signal.SIGKILL)
+        with status_stream(running) as stream:
+            running.scale(2)
+            stream.wait(handing_over, "a hand-over in flight")
+            running.signal_container(f"{APP_NAME}-0", signal.SIGKILL)
         watcher.run_until(lambda: watcher.settled(2), "the scale-out")
         restarts = json.loads(
             running.kubectl("get", "pod", "-n", NAMESPACE, f"{APP_NAME}-0", "-o", "json")
@@ -293,13 +285,11 @@ def test_kafka_down_mid_hand_over_degrades_the_app_and_it_finishes_once_kafka_is
     with session(options(tmp_path), out) as running:
         watcher = running.watcher
         start_steady(running)
-        running.scale(2)
-        watcher.run_until(
-            lambda: handing_over(running),
-            "a hand-over in flight",
-        )
+        with status_stream(running) as stream:
+            running.scale(2)
+            stream.wait(handing_over, "a hand-over in flight")
+            running.kafka.set_broker_down(1)
         before = pod_uids(running)
-        running.kafka.set_broker_down(1)
         running.say("broker 1 down")
         down_since = time.monotonic()
         watcher.run_until(lambda: degraded_by_kafka(running), "the app Degraded by Kafka")
@@ -406,12 +396,10 @@ def test_two_operator_replicas_the_leader_killed_mid_hand_over_the_other_finishe
             watcher.run_until(lambda: watcher.settled(1), "the first instance running")
             assert "control loop starts" not in (tmp_path / "spare.log").read_text()
             running.feed.start()
-            running.scale(2)
-            watcher.run_until(
-                lambda: handing_over(running),
-                "a hand-over in flight",
-            )
-            leader.kill()
+            with status_stream(running) as stream:
+                running.scale(2)
+                stream.wait(handing_over, "a hand-over in flight")
+                leader.kill()
             running.say("SIGKILL to the leading operator")
             running.operator = watcher.operator = spare
             watcher.run_until(lambda: watcher.settled(2), "the scale-out, by the spare")
