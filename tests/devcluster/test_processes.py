@@ -2,7 +2,6 @@
 
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +20,7 @@ from smoothscale.devcluster.processes import (
     RestartPolicy,
     process_environment,
 )
+from smoothscale.devcluster.stack import free_port
 
 FAST_BACKOFF = Backoff(initial_seconds=0.05, cap_seconds=0.2, reset_after_seconds=10)
 
@@ -70,13 +70,6 @@ def one_container(
         )
     )
     return lambda: runner.snapshot("default_app-0")[0]
-
-
-def free_port() -> int:
-    with socket.socket() as probe_socket:
-        probe_socket.bind(("127.0.0.1", 0))
-        port: int = probe_socket.getsockname()[1]
-        return port
 
 
 def test_a_container_runs_its_command_with_its_env_in_its_own_directory(

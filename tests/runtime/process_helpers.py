@@ -3,23 +3,16 @@
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from smoothscale.devcluster.stack import free_port
 from smoothscale.runtime.config import WorkerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 class WorkerProcess:

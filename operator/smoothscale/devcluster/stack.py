@@ -65,7 +65,8 @@ def default_state_dir() -> Path:
     return Path(os.environ.get("SMOOTHSCALE_DEV_DIR", ".smoothscale/dev"))
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free right now (the OS's pick)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
@@ -221,7 +222,7 @@ class LocalStack:
     def _start(self) -> StackInfo:
         from smoothscale.devcluster.apiserver import write_kubeconfig
 
-        port = self.api_port or _free_port()
+        port = self.api_port or free_port()
         api_url = f"http://127.0.0.1:{port}"
         self._spawn(
             "apiserver", ["--port", str(port), "--audit-log", str(self.state_dir / AUDIT_LOG)]
