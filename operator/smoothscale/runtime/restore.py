@@ -14,7 +14,8 @@ task synchronously up to given offsets: a whole restore in one call, for tools a
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
@@ -294,6 +295,9 @@ class RestoreLoop:
         self._on_restored = on_restored
         self._states: dict[TaskId, TaskState] = {}
         self._lock = threading.Lock()
+        self._callers = 0
+        """Calls waiting for or holding `_lock`: the loop lets them go first."""
+        self._no_callers = threading.Condition()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="restore-loop", daemon=True)
         self.error: BaseException | None = None
@@ -302,17 +306,20 @@ class RestoreLoop:
         self._thread.start()
 
     def follow(self, state: TaskState) -> None:
-        """Keep `state` restored from now on; the loop owns it until `unfollow`."""
-        with self._lock:
+        """Keep `state` restored from now on; the loop owns it until `unfollow`.
+
+        Returns at once: a position that retention deleted shows as the first fetch's
+        out-of-range error, which fails the task (asking the broker here would wait behind the
+        consumer's fetches, about half a second a task, measured)."""
+        with self._held():
             if state.task in self._states:
                 raise ValueError(f"task {state.task} is already being restored")
             self._states[state.task] = state
-            self._applier.check_retention(self._consumer, state, timeout=10)
             self._consumer.incremental_assign(self._applier.partitions(state))
 
     def unfollow(self, task: TaskId) -> TaskState | None:
         """Stop restoring `task` and hand its state back (None if it was not followed)."""
-        with self._lock:
+        with self._held():
             state = self._states.pop(task, None)
             self._applier.forget(task)
             if state is not None:
@@ -323,23 +330,23 @@ class RestoreLoop:
 
     def failures(self) -> dict[TaskId, str]:
         """Followed tasks whose changelog is unusable, with the error (they are not restored)."""
-        with self._lock:
+        with self._held():
             return dict(self._applier.failures)
 
     def tasks(self) -> set[TaskId]:
-        with self._lock:
+        with self._held():
             return set(self._states)
 
     def positions(self) -> dict[TaskId, dict[str, int]]:
         """Per followed task, the restore position of each store."""
-        with self._lock:
+        with self._held():
             return {task: state.positions() for task, state in self._states.items()}
 
     def positions_and_ends(self) -> dict[TaskId, tuple[dict[str, int], dict[str, int]]]:
         """Per followed task, the restore position of each store and the changelog end the
         consumer last saw (cached from fetch responses, no request), taken together: ends -
         positions is one consistent view of the lag. An unknown end is left out."""
-        with self._lock:
+        with self._held():
             found: dict[TaskId, tuple[dict[str, int], dict[str, int]]] = {}
             for task, state in self._states.items():
                 ends: dict[str, int] = {}
@@ -354,13 +361,13 @@ class RestoreLoop:
     def read_positions(self) -> dict[TaskId, dict[str, int]]:
         """Per followed task, how far the changelog has been read, per store (ahead of the
         restore position while the last batch read is not closed)."""
-        with self._lock:
+        with self._held():
             return {task: self._applier.read_to(state) for task, state in self._states.items()}
 
     def lags(self) -> dict[TaskId, int]:
         """Per followed task, changelog records not yet applied (summed over stores), as of the
         end offsets the last fetch responses carried (no extra request)."""
-        with self._lock:
+        with self._held():
             lags: dict[TaskId, int] = {}
             for task, state in self._states.items():
                 lag = 0
@@ -372,9 +379,27 @@ class RestoreLoop:
                 lags[task] = lag
             return lags
 
+    @contextmanager
+    def _held(self) -> Iterator[None]:
+        """`_lock`, ahead of the loop: the loop holds it through a consume of up to 0.1 s and
+        takes it again at once, so a caller contends with it at every turn. Measured with one
+        caller every 0.1 s (the instance's tick), a restore of 48,828 records took 1.34 s on a
+        plain lock and 0.75 s this way. The loop waits while any caller does."""
+        with self._no_callers:
+            self._callers += 1
+        try:
+            with self._lock:
+                yield
+        finally:
+            with self._no_callers:
+                self._callers -= 1
+                self._no_callers.notify_all()
+
     def _run(self) -> None:
         try:
             while not self._stopping.is_set():
+                with self._no_callers:
+                    self._no_callers.wait_for(lambda: not self._callers, timeout=1)
                 with self._lock:
                     if not self._states:
                         messages = []
@@ -398,7 +423,7 @@ class RestoreLoop:
         self._stopping.set()
         if self._thread.is_alive():
             self._thread.join()
-        with self._lock:
+        with self._held():
             for state in self._states.values():
                 state.close()
             self._states.clear()
