@@ -1,7 +1,8 @@
 """Decoding input records, and routing the ones that cannot be decoded to the dead-letter topic.
 
 A record's value is JSON of the pipeline's `value_schema`. `decode` splits a raw micro-batch (the
-source's rows) into good rows, parsed into columns, and bad rows, each with the reason it is bad.
+source's rows) into good rows, parsed into columns, and bad rows, each with the reason it is bad
+(in two steps, `classify` then `split`, for a caller that keeps the classified rows).
 Bad records never stop the instance: the runtime sends them to the dead-letter topic with
 `send_dead_letters` (reason and origin in headers) and counts them by reason.
 
@@ -69,13 +70,17 @@ _REASON_COLUMN = "_smoothscale_reason"
 
 
 def decode(batch: "DataFrame", pipeline: Pipeline) -> "tuple[DataFrame, DataFrame]":
-    """Split the source's rows into (good rows, bad rows).
+    """Split the source's rows into (good rows, bad rows): `split(classify(batch, pipeline))`.
 
-    Good rows have columns partition, offset, timestamp, key (the record key as a STRING), then
-    the fields of `pipeline.value_schema`. Bad rows have topic, partition, offset, key, value (as
-    read) and reason. Both frames derive from `batch`: persist it first if it is costly to read
-    twice (a streaming micro-batch is).
+    Both frames derive from `batch`: persist it first if it is costly to read twice (a
+    streaming micro-batch is), or persist the classified rows and split those.
     """
+    return split(classify(batch, pipeline), pipeline)
+
+
+def classify(batch: "DataFrame", pipeline: Pipeline) -> "DataFrame":
+    """The source's rows, each with its value parsed and the reason it is bad (null if good):
+    every column of `batch` and two more, which `split` reads."""
     from pyspark.sql import functions as F
 
     fields = _value_fields(pipeline)
@@ -89,7 +94,19 @@ def decode(batch: "DataFrame", pipeline: Pipeline) -> "tuple[DataFrame, DataFram
             {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT_COLUMN},
         ).alias(_PARSED_COLUMN),
     )
-    classified = parsed.withColumn(_REASON_COLUMN, _reason(pipeline, fields, text))
+    return parsed.withColumn(_REASON_COLUMN, _reason(pipeline, fields, text))
+
+
+def split(classified: "DataFrame", pipeline: Pipeline) -> "tuple[DataFrame, DataFrame]":
+    """Classified rows as (good rows, bad rows).
+
+    Good rows have columns partition, offset, timestamp, key (the record key as a STRING), then
+    the fields of `pipeline.value_schema`. Bad rows have topic, partition, offset, key, value (as
+    read) and reason.
+    """
+    from pyspark.sql import functions as F
+
+    fields = _value_fields(pipeline)
     good = classified.where(F.col(_REASON_COLUMN).isNull()).select(
         "partition",
         "offset",

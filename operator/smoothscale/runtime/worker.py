@@ -25,6 +25,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from smoothscale.runtime.config import WorkerConfig
+from smoothscale.runtime.decode import classify
 from smoothscale.runtime.instance import BatchInput, DeadLetterSender, Instance
 from smoothscale.runtime.metrics import InstanceMetrics, start_http_server
 from smoothscale.runtime.pipeline import Pipeline, load_pipeline
@@ -63,14 +64,15 @@ class MicroBatch:
             read_from = self.instance.read_from()
             if not read_from:
                 return
-            rows = batch.where(_at_or_after(read_from)).persist()
+            # The rows are read from the source and parsed once, for every job of the batch.
+            classified = classify(batch.where(_at_or_after(read_from)), self.pipeline).persist()
             try:
-                collected = self._collect(rows)
+                collected = self._collect(classified, batch.columns)
                 if collected is None:
                     return
                 self.instance.commit_batch(collected)
             finally:
-                rows.unpersist()
+                classified.unpersist()
             self.metrics.observe_batch(time.monotonic() - started)
             log.debug("batch %d: %s records", batch_id, sum(collected.counts.values()))
 
@@ -93,19 +95,22 @@ class MicroBatch:
             log.info("warm-up batch: the pipeline ran over %d sampled updates", len(updates))
         self.instance.warmed.set()
 
-    def _collect(self, rows: "DataFrame") -> BatchInput | None:
+    def _collect(self, classified: "DataFrame", columns: list[str]) -> BatchInput | None:
+        """The batch's updates, dead letters and input ranges per task, from its classified
+        rows (`columns`: the source's)."""
         from pyspark.sql import functions as F
 
-        from smoothscale.runtime.decode import decode
+        from smoothscale.runtime.decode import split
 
         ranges = (
-            rows.groupBy("topic", "partition")
+            classified.groupBy("topic", "partition")
             .agg(F.max("offset").alias("last"), F.count("*").alias("records"))
             .collect()
         )
         if not ranges:
             return None
-        good, bad = decode(rows, self.pipeline)
+        rows = classified.select(*columns)
+        good, bad = split(classified, self.pipeline)
         bad_rows = bad.collect()
         updates, poisoned = self._aggregate(rows, good)
         bad_rows += poisoned
