@@ -1,0 +1,410 @@
+"""Throughput against plain Spark, and restore against a raw consumer:
+`.venv/bin/python benchmarks/throughput.py`.
+
+Not a test: numbers depend on the machine and its load. One run, one embedded broker, the same
+input, one JVM at a time:
+
+1. smoothscale: one `smoothscale worker` process (the pod's command) owning every task of a
+   running count (examples/pipelines/running_count.py) works through the input: per task and
+   micro-batch one Kafka transaction with the changelog, the input position and the outputs.
+2. plain Spark: what users run instead, the same running count as a plain PySpark Structured
+   Streaming query with Spark's own state (the RocksDB state store provider, its checkpoint on
+   local disk): `groupBy(user).count()` in update mode, each micro-batch's new totals written to
+   Kafka by a producer in foreachBatch (at least once). It reads the same topic through the same
+   source (the pip PySpark has no Kafka connector).
+   Both read at most --batch records per partition per micro-batch and trigger as soon as the
+   last batch is done. Throughput counts the records of every micro-batch after the first (the
+   first pays for starting Spark's Python workers) over the time from the end of the first to
+   the end of the last. Both outputs are checked: each user's last total equals its records.
+3. restore: the changelog smoothscale wrote in 1, read to its end by a raw confluent-kafka
+   consumer (read_committed, every partition), and restored into fresh local stores by a
+   warm-up's restore loop (the instance's `RestoreLoop`); the median of --repeat runs each.
+
+Writes throughput.json and throughput-table.md (docs/benchmarks/ by default) and prints the
+table; docs/benchmarks/throughput.md holds the latest results.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from smoothscale.devcluster.stack import free_port
+from smoothscale.kafka import names
+from smoothscale.kafka.assignments import Assignment, AssignmentWriter, TaskAssignment
+from smoothscale.kafka.embedded import EmbeddedKafka
+from smoothscale.runtime.config import WorkerConfig
+from smoothscale.runtime.restore import RestoreLoop
+from smoothscale.runtime.source import write_plan
+from smoothscale.runtime.spark import local_session
+from smoothscale.runtime.store import TaskState
+from smoothscale.tasks import TaskRole
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = "throughput"
+INPUT, OUTPUT, PLAIN_OUTPUT = "throughput-input", "throughput-output", "plain-spark-output"
+STORE = "counts"
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+POLL_SECONDS = 0.1
+BATCHES_METRIC = "smoothscale_batch_duration_seconds_count"
+PROCESSED_METRIC = "smoothscale_records_processed_total{"
+
+
+def produce_input(
+    bootstrap_servers: str, records: int, users: int, partitions: int
+) -> Counter[str]:
+    """`records` running-count inputs, keyed by user, a user's records all in one partition;
+    returns how many each user got."""
+    producer = Producer({"bootstrap.servers": bootstrap_servers, "linger.ms": 20, "log_level": 3})
+    counts: Counter[str] = Counter()
+    for i in range(records):
+        number = (i * 7919) % users
+        user = f"user-{number:06d}"
+        counts[user] += 1
+        while True:
+            try:
+                producer.produce(
+                    INPUT,
+                    key=user.encode(),
+                    value=json.dumps({"user": user}).encode(),
+                    partition=number % partitions,
+                )
+                break
+            except BufferError:
+                producer.poll(0.1)
+    if producer.flush(60):
+        raise RuntimeError("the input was not delivered within 60 s")
+    return counts
+
+
+def last_totals(bootstrap_servers: str, topic: str, partitions: int) -> dict[str, int]:
+    """Each key's last value in `topic`, as a read_committed reader sees it."""
+    consumer = _consumer(bootstrap_servers)
+    totals: dict[str, int] = {}
+    try:
+        for message in _read_to_end(consumer, topic, partitions):
+            totals[(message.key() or b"").decode()] = json.loads(message.value() or b"0")
+    finally:
+        consumer.close()
+    return totals
+
+
+def _consumer(bootstrap_servers: str) -> Consumer:
+    return Consumer(
+        {
+            "bootstrap.servers": bootstrap_servers,
+            "group.id": "throughput-benchmark",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "log_level": 3,
+        }
+    )
+
+
+def _read_to_end(consumer: Consumer, topic: str, partitions: int) -> list[Any]:
+    ends = {
+        p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+        for p in range(partitions)
+    }
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    read = []
+    while True:
+        read += [m for m in consumer.consume(10_000, timeout=0.5) if m.error() is None]
+        positions = consumer.position([TopicPartition(topic, p) for p in range(partitions)])
+        if all(tp.offset >= ends[tp.partition] for tp in positions):
+            return read
+
+
+def rate_after_first(batches: list[tuple[float, int]]) -> dict[str, float]:
+    """From (end time, records) per micro-batch with input: the records of every batch after
+    the first over the time from the end of the first to the end of the last."""
+    if len(batches) < 2:
+        raise RuntimeError(
+            f"{len(batches)} micro-batch(es) with input: too few to measure; "
+            "give more --records or a smaller --batch"
+        )
+    (first_end, _), rest = batches[0], batches[1:]
+    records = sum(count for _end, count in rest)
+    seconds = rest[-1][0] - first_end
+    return {
+        "records_per_second": round(records / seconds),
+        "records_measured": records,
+        "seconds_measured": round(seconds, 2),
+        "micro_batches": len(batches),
+    }
+
+
+def run_smoothscale(config: WorkerConfig, workdir: Path, records: int) -> list[tuple[float, int]]:
+    """Run the worker until it has processed every record; (end time, records) per micro-batch,
+    from its metrics endpoint polled every POLL_SECONDS (batches that end between two polls
+    count as one)."""
+    path = workdir / "worker.json"
+    path.write_text(config.model_dump_json())
+    log = (workdir / "worker.log").open("w")
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "smoothscale.cli", "worker", "--config", str(path)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    batches: list[tuple[float, int]] = []
+    seen_batches = seen_records = 0
+    try:
+        deadline = time.monotonic() + 900
+        while seen_records < records:
+            if worker.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the worker stopped or stalled: see {workdir / 'worker.log'}")
+            done, processed = _scrape(config.metrics_port)
+            if done > seen_batches and processed > seen_records:
+                batches.append((time.monotonic(), processed - seen_records))
+                seen_batches, seen_records = done, processed
+            time.sleep(POLL_SECONDS)
+    finally:
+        worker.terminate()
+        worker.wait(60)
+        log.close()
+    return batches
+
+
+def _scrape(port: int) -> tuple[int, int]:
+    """(micro-batches done, records processed) from the worker's metrics."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        return 0, 0
+    found = Counter[str]()
+    for line in text.splitlines():
+        for metric in (BATCHES_METRIC, PROCESSED_METRIC):
+            if line.startswith(metric):
+                found[metric] += int(float(line.rsplit(" ", 1)[1]))
+    return found[BATCHES_METRIC], found[PROCESSED_METRIC]
+
+
+def run_plain_spark(
+    bootstrap_servers: str, workdir: Path, partitions: int, batch: int
+) -> list[tuple[float, int]]:
+    """The plain query over every partition until it has read all input; (end time, records)
+    per micro-batch with input, from Spark's own progress reports."""
+    from pyspark.sql import DataFrame
+    from pyspark.sql import functions as F
+
+    spark = local_session("plain-spark")
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
+    producer = Producer({"bootstrap.servers": bootstrap_servers, "linger.ms": 5, "log_level": 3})
+
+    def write_totals(totals: DataFrame, _batch_id: int) -> None:
+        for row in totals.collect():
+            producer.produce(PLAIN_OUTPUT, key=row["user"].encode(), value=str(row["count"]))
+        if producer.flush(60):
+            raise RuntimeError("the totals were not delivered within 60 s")
+
+    plan = workdir / "plain-plan.json"
+    write_plan(plan, {(INPUT, p): 0 for p in range(partitions)}, version=1)
+    query = (
+        spark.readStream.format("smoothscale-kafka")
+        .option("bootstrap.servers", bootstrap_servers)
+        .option("topics", INPUT)
+        .option("plan.path", str(plan))
+        .option("max.records.per.partition", str(batch))
+        .load()
+        .select(F.from_json(F.col("value").cast("string"), "user STRING").user.alias("user"))
+        .groupBy("user")
+        .count()
+        .writeStream.outputMode("update")
+        .foreachBatch(write_totals)
+        .option("checkpointLocation", str(workdir / "plain-checkpoint"))
+        .trigger(processingTime="0 seconds")
+        .start()
+    )
+    try:
+        query.processAllAvailable()
+        progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
+    finally:
+        query.stop()
+        spark.stop()
+    return [
+        (
+            datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp()
+            + p["durationMs"]["triggerExecution"] / 1000,
+            p["numInputRows"],
+        )
+        for p in progress
+    ]
+
+
+def raw_read_seconds(bootstrap_servers: str, topic: str, partitions: int) -> tuple[int, float]:
+    """(records, seconds) for one raw consumer reading every partition of `topic` to its end."""
+    consumer = _consumer(bootstrap_servers)
+    try:
+        began = time.perf_counter()
+        read = len(_read_to_end(consumer, topic, partitions))
+        return read, time.perf_counter() - began
+    finally:
+        consumer.close()
+
+
+def restore_seconds(config: WorkerConfig, partitions: int) -> float:
+    """Seconds for a warm-up's restore loop to restore every task of the changelog into fresh
+    local stores, from following them to having read every partition to its end."""
+    topic = config.changelog_topics()[STORE]
+    consumer = _consumer(config.bootstrap_servers)
+    try:
+        ends = {
+            task: consumer.get_watermark_offsets(TopicPartition(topic, task), timeout=10)[1]
+            for task in range(partitions)
+        }
+    finally:
+        consumer.close()
+    with tempfile.TemporaryDirectory(prefix="restore-", dir=config.state_dir) as state_dir:
+        loop = RestoreLoop(config)
+        loop.start()
+        try:
+            began = time.perf_counter()
+            for task in range(partitions):
+                loop.follow(TaskState(Path(state_dir), task, config.stores))
+            while True:
+                read = loop.read_positions()
+                if all(read[task][STORE] >= end for task, end in ends.items()):
+                    return time.perf_counter() - began
+                if loop.error is not None or loop.failures():
+                    raise RuntimeError(f"the restore failed: {loop.error or loop.failures()}")
+                time.sleep(POLL_SECONDS)
+        finally:
+            loop.stop()
+
+
+def markdown(results: dict[str, Any]) -> str:
+    smoothscale, plain = results["smoothscale"], results["plain_spark"]
+    restore = results["restore"]
+    rows = [
+        "| | smoothscale | plain Spark (RocksDB state) |",
+        "| --- | --- | --- |",
+        f"| records/s | {smoothscale['records_per_second']:,} | {plain['records_per_second']:,} |",
+        f"| records measured / seconds | {smoothscale['records_measured']:,} / "
+        f"{smoothscale['seconds_measured']} | {plain['records_measured']:,} / "
+        f"{plain['seconds_measured']} |",
+        f"| micro-batches | {smoothscale['micro_batches']} | {plain['micro_batches']} |",
+        f"| every user's last total right | {smoothscale['exact']} | {plain['exact']} |",
+        "",
+        f"smoothscale / plain Spark: **{results['throughput_ratio']}** (goal at least 0.8).",
+        "",
+        f"| changelog of {restore['changelog_records']:,} records | records/s |",
+        "| --- | --- |",
+        f"| raw confluent-kafka consumer | {restore['raw_records_per_second']:,} |",
+        f"| warm-up restore loop | {restore['restore_records_per_second']:,} |",
+        "",
+        f"restore / raw: **{results['restore_ratio']}** (goal at least 0.5).",
+        "",
+        "Settings: " + ", ".join(f"{k} {v}" for k, v in results["settings"].items()) + ".",
+        "",
+    ]
+    return "\n".join(rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=240_000)
+    parser.add_argument("--users", type=int, default=24_000)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=5_000, help="records/partition/batch")
+    parser.add_argument("--repeat", type=int, default=3, help="restore measurements, each way")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks")
+    args = parser.parse_args()
+
+    settings = {
+        "input records": f"{args.records:,}",
+        "users": f"{args.users:,}",
+        "partitions (tasks)": args.partitions,
+        "records per partition per micro-batch": f"{args.batch:,}",
+        "trigger": "as soon as the last batch is done",
+        "Spark": "local[2], 2 shuffle partitions",
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+    }
+    with EmbeddedKafka(brokers=1) as kafka, tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        config = WorkerConfig(
+            app_id=APP,
+            instance_id="throughput-0",
+            bootstrap_servers=kafka.bootstrap_servers,
+            input_topics=[INPUT],
+            output_topic=OUTPUT,
+            stores={STORE: None},
+            pipeline="examples.pipelines.running_count:pipeline",
+            trigger_interval=0,
+            state_dir=workdir / "state",
+            metrics_port=free_port(),
+            max_records_per_partition=args.batch,
+        )
+        changelog = config.changelog_topics()[STORE]
+        for topic in (INPUT, OUTPUT, PLAIN_OUTPUT, config.dead_letters(), changelog):
+            kafka.create_topic(topic, args.partitions)
+        kafka.create_topic(names.assignments_topic(APP), 1)
+        expected = produce_input(kafka.bootstrap_servers, args.records, args.users, args.partitions)
+        operator = AssignmentWriter(kafka.bootstrap_servers, APP)
+        active = TaskAssignment(role=TaskRole.ACTIVE, epoch=1)
+        operator.write(
+            config.instance_id,
+            Assignment(generation=1, tasks=dict.fromkeys(range(args.partitions), active)),
+        )
+        operator.close()
+
+        print("smoothscale worker: processing the input", flush=True)
+        smoothscale = rate_after_first(run_smoothscale(config, workdir, args.records))
+        smoothscale["exact"] = (
+            last_totals(kafka.bootstrap_servers, OUTPUT, args.partitions) == expected
+        )
+        print("plain Spark: processing the same input", flush=True)
+        plain = rate_after_first(
+            run_plain_spark(kafka.bootstrap_servers, workdir, args.partitions, args.batch)
+        )
+        plain["exact"] = last_totals(kafka.bootstrap_servers, PLAIN_OUTPUT, args.partitions) == (
+            expected
+        )
+
+        print("restore: the changelog smoothscale wrote", flush=True)
+        raw = [
+            raw_read_seconds(kafka.bootstrap_servers, changelog, args.partitions)
+            for _ in range(args.repeat)
+        ]
+        changelog_records = raw[0][0]
+        raw_seconds = statistics.median(seconds for _records, seconds in raw)
+        restore = statistics.median(
+            restore_seconds(config, args.partitions) for _ in range(args.repeat)
+        )
+
+    results = {
+        "settings": settings,
+        "smoothscale": smoothscale,
+        "plain_spark": plain,
+        "throughput_ratio": round(
+            smoothscale["records_per_second"] / plain["records_per_second"], 2
+        ),
+        "restore": {
+            "changelog_records": changelog_records,
+            "raw_records_per_second": round(changelog_records / raw_seconds),
+            "restore_records_per_second": round(changelog_records / restore),
+        },
+        "restore_ratio": round(raw_seconds / restore, 2),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "throughput.json").write_text(json.dumps(results, indent=2) + "\n")
+    table = markdown(results)
+    (args.out / "throughput-table.md").write_text(table)
+    print(table)
+    return 0 if smoothscale["exact"] and plain["exact"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
