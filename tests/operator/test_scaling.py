@@ -19,9 +19,9 @@ from smoothscale.demo.scenario import (
     APP_ID,
     APP_NAME,
     NAMESPACE,
+    PEERING,
     STORE,
     DemoOptions,
-    Operator,
     Session,
     session,
 )
@@ -367,16 +367,13 @@ def test_a_changed_pod_template_rolls_the_pods_one_at_a_time_through_warm_ups(
         assert running.finish(), out.getvalue()
 
 
-def peered(priority: int) -> tuple[str, ...]:
-    return ("--peering", "smoothscale", "--priority", str(priority))
-
-
 def test_two_operator_replicas_the_leader_killed_mid_hand_over_the_other_finishes_it(
     tmp_path: Path,
 ) -> None:
-    """Two peered operators (kopf peering, as the chart runs replicas > 1): only the leader
-    acts; SIGKILLed in the middle of a hand-over, the other takes over once the leader's
-    keepalive runs out and finishes the scale-out, exact, no two owners."""
+    """Two peered operators (the chart with peering on; two releases of it, as pods here share
+    this machine's ports): only the leader acts; its pod SIGKILLed in the middle of a hand-over
+    and not replaced, the other takes over once the leader's keepalive runs out and finishes
+    the scale-out, exact, no two owners."""
     out = io.StringIO()
     with session(options(tmp_path), out) as running:
         watcher = running.watcher
@@ -385,27 +382,22 @@ def test_two_operator_replicas_the_leader_killed_mid_hand_over_the_other_finishe
         peering = {
             "apiVersion": "kopf.dev/v1",
             "kind": "KopfPeering",
-            "metadata": {"name": "smoothscale", "namespace": NAMESPACE},
+            "metadata": {"name": PEERING, "namespace": NAMESPACE},
         }
         running.kubectl("apply", "-f", "-", stdin=json.dumps(peering))
-        kubeconfig = running.operator.kubeconfig
-        leader = Operator(kubeconfig, tmp_path / "leader.log", peered(priority=20))
-        spare = Operator(kubeconfig, tmp_path / "spare.log", peered(priority=10))
+        leader = running.install_operator("leader", priority=20)
+        spare = running.install_operator("spare", priority=10)
         running.operator = watcher.operator = leader
-        try:
-            watcher.run_until(lambda: watcher.settled(1), "the first instance running")
-            assert "control loop starts" not in (tmp_path / "spare.log").read_text()
-            running.feed.start()
-            with status_stream(running) as stream:
-                running.scale(2)
-                stream.wait(handing_over, "a hand-over in flight")
-                leader.kill()
-            running.say("SIGKILL to the leading operator")
-            running.operator = watcher.operator = spare
-            watcher.run_until(lambda: watcher.settled(2), "the scale-out, by the spare")
-            assert "control loop starts" in (tmp_path / "spare.log").read_text()
-        finally:
-            leader.stop()
+        watcher.run_until(lambda: watcher.settled(1), "the first instance running")
+        assert "control loop starts" not in spare.log()
+        running.feed.start()
+        with status_stream(running) as stream:
+            running.scale(2)
+            stream.wait(handing_over, "a hand-over in flight")
+            leader.lose()
+        running.operator = watcher.operator = spare
+        watcher.run_until(lambda: watcher.settled(2), "the scale-out, by the spare")
+        assert "control loop starts" in spare.log()
         assert running.finish(), out.getvalue()
 
 

@@ -2,9 +2,11 @@
 
 It runs the whole product on the local control plane (`smoothscale dev up`: an in-memory API
 server, a kubelet that runs pods as local processes, and the embedded Kafka behind its
-protocol front): the operator (`smoothscale operator`, a process), a StreamingApp applied with
-the real kubectl, its instance pods (each a real `smoothscale worker`: a Spark driver running
-the running-count example pipeline), and input produced at a steady rate.
+protocol front): the operator, installed as users install it (`helm install
+charts/smoothscale` with the real helm; its pod runs with the chart's ServiceAccount and RBAC),
+a StreamingApp applied with the real kubectl, its instance pods (each a real `smoothscale
+worker`: a Spark driver running the running-count example pipeline), and input produced at a
+steady rate.
 
 The story it prints, from the StreamingApp's status and Events:
 1. `kubectl apply`: the operator creates the app's topics and its pod; the pod processes a
@@ -24,11 +26,10 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,7 @@ from smoothscale.kafka import names
 from smoothscale.kafka.progress import InputPositionCommitter
 
 NAMESPACE = "demo"
+NAMESPACE_MANIFEST = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
 APP_NAME = "counts"
 APP_ID = names.default_application_id(NAMESPACE, APP_NAME)
 INPUT_TOPIC = "demo-clicks"
@@ -188,10 +190,11 @@ class Kubectl:
         return done.stdout
 
 
-def kubectl_binary(root: Path) -> str:
-    found = shutil.which("kubectl") or str(root / ".tools" / "bin" / "kubectl")
+def tool_binary(root: Path, name: str) -> str:
+    """kubectl or helm: from PATH, else the checkout's .tools/bin."""
+    found = shutil.which(name) or str(root / ".tools" / "bin" / name)
     if not Path(found).exists():
-        raise DemoError("kubectl is missing: run scripts/install-tools (make demo does)")
+        raise DemoError(f"{name} is missing: run scripts/install-tools (make demo does)")
     return found
 
 
@@ -245,52 +248,155 @@ def instance_ports(span: int = 32) -> int:
     raise DemoError(f"found no {span} free ports in a row between 10000 and 32000")
 
 
+OPERATOR_NAMESPACE = "smoothscale-system"
+"""Where the demo installs the operator's Helm release."""
+PEERING = "smoothscale"
+"""The KopfPeering object (in NAMESPACE) that peered releases share."""
+
+
+class Helm:
+    """The real helm on the local control plane, with a home of its own; every command is
+    printed as it runs."""
+
+    def __init__(self, binary: str, kubeconfig: Path, home: Path, say: Callable[[str], None]):
+        self.binary = binary
+        self.kubeconfig = kubeconfig
+        self.home = home
+        self.say = say
+
+    def __call__(self, *arguments: str) -> str:
+        self.say("$ helm " + " ".join(arguments))
+        environment = {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "HELM_CACHE_HOME": str(self.home / "cache"),
+            "HELM_CONFIG_HOME": str(self.home / "config"),
+            "HELM_DATA_HOME": str(self.home / "data"),
+        }
+        done = subprocess.run(
+            [self.binary, *arguments], capture_output=True, text=True, env=environment, check=False
+        )
+        if done.returncode != 0:
+            raise DemoError(f"helm {' '.join(arguments)} failed: {done.stderr.strip()}")
+        return done.stdout
+
+
 class Operator:
-    """`smoothscale operator` as a process, serving the demo's namespace."""
+    """The operator as users install it: charts/smoothscale installed with the real helm as
+    release `name` in OPERATOR_NAMESPACE, serving NAMESPACE with the chart's RBAC. The cluster
+    runs its pod (the process kubelet: `smoothscale operator` with its ServiceAccount's token)."""
 
     def __init__(
-        self, kubeconfig: Path, log_path: Path, mode: Sequence[str] = ("--standalone",)
+        self,
+        helm: Helm,
+        kubectl: Kubectl,
+        cluster: StackInfo,
+        chart: Path,
+        *,
+        name: str = "smoothscale",
+        priority: int | None = None,
     ) -> None:
-        """`mode`: --standalone, or --peering NAME [--priority N] for one of several."""
-        self.kubeconfig = kubeconfig
-        self.log_path = log_path
-        with log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "smoothscale.cli",
-                    "operator",
-                    "--namespace",
-                    NAMESPACE,
-                    *mode,
-                    "--metrics-port",
-                    "0",
-                    "--instance-port",
-                    str(instance_ports()),
-                ],
-                env={**os.environ, "KUBECONFIG": str(kubeconfig)},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        """`priority`: None for a standalone operator, else the kopf priority of one of
+        several releases peered through PEERING (which the caller creates)."""
+        self.helm, self.kubectl, self.cluster, self.name = helm, kubectl, cluster, name
+        # Pods here share this machine's network: the operator's ports and its instances'
+        # must be free (instance n listens on instancePort + n).
+        base = instance_ports(span=34)
+        values = {
+            "watch.namespaces": f"{{{NAMESPACE}}}",
+            "ports.healthz": str(base),
+            "ports.metrics": str(base + 1),
+            "instancePort": str(base + 2),
+            "peering.enabled": str(priority is not None).lower(),
+            "peering.name": PEERING,
+        }
+        if priority is not None:
+            values["peering.priority"] = str(priority)
+        settings = [argument for item in values.items() for argument in ("--set", "=".join(item))]
+        helm(
+            "install", name, str(chart), "--namespace", OPERATOR_NAMESPACE, "--create-namespace",
+            *settings, "--wait", "--timeout", "300s",
+        )  # fmt: skip
+        self._selector = f"app.kubernetes.io/instance={name}"
+        self._checked = time.monotonic()
+        self._kills = 0
+
+    def pod(self) -> dict[str, Any]:
+        """The release's operator pod."""
+        listed = self.kubectl(
+            "get", "pods", "-n", OPERATOR_NAMESPACE, "-l", self._selector, "-o", "json", quiet=True
+        )
+        listing = json.loads(listed)
+        pods = [p for p in listing["items"] if not p["metadata"].get("deletionTimestamp")]
+        if len(pods) != 1:
+            names = [p["metadata"]["name"] for p in pods]
+            raise DemoError(f"expected one pod of the operator release {self.name}: {names}")
+        found: dict[str, Any] = pods[0]
+        return found
+
+    @property
+    def log_path(self) -> Path:
+        try:
+            return self.cluster.container_log(self.pod(), "operator")
+        except DemoError:
+            return self.cluster.kubelet_root
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
 
     def check(self) -> None:
-        if self.process.poll() is not None:
-            raise DemoError(f"the operator exited; its log is {self.log_path}")
+        """Fail if the operator's pod crash-loops (looked at every 15 s)."""
+        if time.monotonic() - self._checked < CHECK_SECONDS:
+            return
+        self._checked = time.monotonic()
+        pod = self.pod()
+        for container in pod.get("status", {}).get("containerStatuses") or []:
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            # A container killed on purpose waits out its back-off too: only more restarts
+            # than kills are a crash loop.
+            crashed = int(container.get("restartCount", 0)) > self._kills
+            if waiting.get("reason") == "CrashLoopBackOff" and crashed:
+                raise DemoError(
+                    "the operator's pod is crash-looping; its log is "
+                    f"{self.cluster.container_log(pod, 'operator')}"
+                )
 
     def kill(self) -> None:
-        self.process.kill()
-        self.process.wait()
+        """SIGKILL its container (no chance to clean up), as the OOM killer would: the kubelet
+        starts it again in place."""
+        signal_pod(self.pod(), signal.SIGKILL)
+        self._kills += 1
+        self.kubectl.say(f"SIGKILL to the container of operator release {self.name}")
+
+    def lose(self) -> None:
+        """SIGKILL its container and scale its Deployment to 0 so that nothing starts it again
+        here: its node is lost (on a cluster the Deployment would start a pod elsewhere)."""
+        signal_pod(self.pod(), signal.SIGKILL)
+        self.kubectl(
+            "scale", "-n", OPERATOR_NAMESPACE, "deployment", "-l", self._selector, "--replicas=0"
+        )
+        self.kubectl.say(f"operator release {self.name}: its pod SIGKILLed and not replaced")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        self.helm("uninstall", self.name, "--namespace", OPERATOR_NAMESPACE, "--wait")
+
+
+CHECK_SECONDS = 15.0
+
+
+def signal_pod(pod: dict[str, Any], signum: signal.Signals) -> list[int]:
+    """Signal every running container of a pod (the process kubelet runs each as a process
+    group on this machine, its containerID `process://<pid>`); returns the groups signalled."""
+    groups = sorted(
+        int(status["containerID"].removeprefix("process://"))
+        for status in pod.get("status", {}).get("containerStatuses") or []
+        if str(status.get("containerID", "")).startswith("process://")
+    )
+    if not groups:
+        raise DemoError(f"no container of pod {pod['metadata']['name']} runs on this machine")
+    for group in groups:
+        os.killpg(group, signum)
+    return groups
 
 
 class Watcher:
@@ -434,8 +540,9 @@ class Session:
     say: Callable[[str], None]
     kafka: KafkaControl
     """The embedded Kafka's controls (faults, compaction)."""
-    api_url: str
-    """The local API server (its fault injection: `inject_api_faults`)."""
+    cluster: StackInfo
+    """The local control plane (its API server's fault injection: `inject_api_faults`)."""
+    helm: Helm
     phases: list[tuple[str, float, float]] = field(default_factory=list)
     """Named parts of the story (wall-clock start and end) whose pauses `finish` measures."""
     longest_stops: dict[str, float] = field(default_factory=dict)
@@ -457,8 +564,7 @@ class Session:
 
     def apply(self, replicas: int = 1) -> None:
         """Apply the namespace and the app with `replicas` (kubectl apply)."""
-        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
-        self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(namespace))
+        self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(NAMESPACE_MANIFEST))
         app = streaming_app(self.options, self.bootstrap)
         app["spec"]["replicas"] = replicas
         self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(app, sort_keys=False))
@@ -472,11 +578,14 @@ class Session:
             f"the operator seeing replicas {replicas}",
         )
 
+    def install_operator(self, name: str, priority: int | None = None) -> Operator:
+        """Another release of the operator's chart (see Operator)."""
+        chart = self.options.examples_root / "charts" / "smoothscale"
+        return Operator(self.helm, self.kubectl, self.cluster, chart, name=name, priority=priority)
+
     def restart_operator(self) -> None:
-        """SIGKILL the operator (no chance to clean up) and start a new one."""
+        """SIGKILL the operator's container (no chance to clean up); the kubelet restarts it."""
         self.operator.kill()
-        self.operator = Operator(self.operator.kubeconfig, self.operator.log_path)
-        self.watcher.operator = self.operator
 
     def inject_api_faults(self, *faults: dict[str, Any]) -> dict[str, Any]:
         """Have the local API server answer the next matching requests with errors (see
@@ -484,7 +593,7 @@ class Session:
         method = "POST" if faults else "GET"
         body = json.dumps(list(faults)).encode() if faults else None
         request = urllib.request.Request(
-            f"{self.api_url}{API_FAULTS_PATH}", data=body, method=method
+            f"{self.cluster.api_url}{API_FAULTS_PATH}", data=body, method=method
         )
         request.add_header("Content-Type", "application/json")
         with urllib.request.urlopen(request, timeout=10) as answer:
@@ -497,21 +606,9 @@ class Session:
         """Signal every process of a pod's container: SIGKILL as the OOM killer does (the
         kubelet restarts it in place: same pod, same disk), SIGSTOP and SIGCONT to starve it
         of CPU and give it back. Local stack only: it signals the pod's processes directly."""
-        uid = self.kubectl(
-            "get", "pod", "-n", NAMESPACE, pod, "-o", "jsonpath={.metadata.uid}", quiet=True
-        ).strip()
-        groups = set()
-        for environ in Path("/proc").glob("[0-9]*/environ"):
-            try:
-                if f"POD_UID={uid}".encode() in environ.read_bytes().split(b"\0"):
-                    groups.add(os.getpgid(int(environ.parent.name)))
-            except (OSError, ProcessLookupError):
-                continue  # gone meanwhile, or not ours to read
-        if not groups:
-            raise DemoError(f"no process of pod {pod} (uid {uid}) runs on this machine")
-        for group in groups:
-            os.killpg(group, signum)
-        self.say(f"{signum.name} to the container of {pod} (process groups {sorted(groups)})")
+        listed = self.kubectl("get", "pod", "-n", NAMESPACE, pod, "-o", "json", quiet=True)
+        groups = signal_pod(json.loads(listed), signum)
+        self.say(f"{signum.name} to the container of {pod} (process groups {groups})")
 
     def finish(self) -> bool:
         """Stop the input, wait for the last records, compare with the reference, and check
@@ -572,7 +669,7 @@ def session(options: DemoOptions, out: TextIO) -> Iterator[Session]:
             f"the example pipelines are not in {options.examples_root}/examples: run the demo "
             "from the root of a smoothscale checkout, or pass --examples-root"
         )
-    kubectl_path = kubectl_binary(options.examples_root)
+    kubectl_path = tool_binary(options.examples_root, "kubectl")
     say("starting the local control plane (API server, kubelet, embedded Kafka)")
     with LocalStack(options.workdir / "cluster", brokers=1) as stack:
         assert stack.info is not None
@@ -587,11 +684,20 @@ def session(options: DemoOptions, out: TextIO) -> Iterator[Session]:
         feed.backlog(options.backlog)
         say(f"produced a backlog of {options.backlog:,} records over {options.keys:,} users")
         kubectl = Kubectl(kubectl_path, cluster.kubeconfig, say)
-        operator = Operator(cluster.kubeconfig, options.workdir / "operator.log")
+        helm = Helm(
+            tool_binary(options.examples_root, "helm"),
+            cluster.kubeconfig,
+            options.workdir / "helm",
+            say,
+        )
+        say("installing the operator with its Helm chart, as users do")
+        kubectl("apply", "-f", "-", stdin=yaml.safe_dump(NAMESPACE_MANIFEST))  # for its Role
+        chart = options.examples_root / "charts" / "smoothscale"
+        operator = Operator(helm, kubectl, cluster, chart)
         watcher = Watcher(kubectl, operator, bootstrap, options, say)
         control = KafkaControl(cluster.kafka_control)
         running = Session(
-            options, bootstrap, kubectl, operator, watcher, feed, say, control, cluster.api_url
+            options, bootstrap, kubectl, operator, watcher, feed, say, control, cluster, helm
         )
         try:
             yield running

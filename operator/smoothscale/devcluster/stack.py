@@ -27,6 +27,7 @@ import yaml
 
 from smoothscale.api.crd import custom_resource_definition
 from smoothscale.devcluster.kafka import TopicSpec
+from smoothscale.devcluster.podspec import pod_key
 from smoothscale.kubeapi import KubeApi, KubeApiError
 
 T = TypeVar("T")
@@ -34,6 +35,7 @@ T = TypeVar("T")
 STATE_FILE = "state.json"
 AUDIT_LOG = "audit.log"
 PARTS = ("controllers", "kubelet", "kafka", "apiserver")
+KUBELET_ROOT = "kubelet"
 """In the order `down` stops them: the API server last, so the others can still reach it."""
 
 
@@ -56,6 +58,15 @@ class StackInfo:
     def audit_log(self) -> Path:
         """The API server's audit Events of ServiceAccounts' requests (see apiserver/auth.py)."""
         return self.state_dir / AUDIT_LOG
+
+    @property
+    def kubelet_root(self) -> Path:
+        """The process kubelet's pod directories."""
+        return self.state_dir / KUBELET_ROOT
+
+    def container_log(self, pod: dict[str, Any], container: str) -> Path:
+        """Where the kubelet writes a container's output (it serves no `kubectl logs`)."""
+        return self.kubelet_root / pod_key(pod) / f"{container}.log"
 
     def exports(self) -> str:
         return f"export KUBECONFIG={self.kubeconfig}\nexport KAFKA_BOOTSTRAP={self.kafka_bootstrap}"
@@ -251,7 +262,7 @@ class LocalStack:
                     "--node-name",
                     self.node_name,
                     "--root",
-                    str(self.state_dir / "kubelet"),
+                    str(self.state_dir / KUBELET_ROOT),
                 ],
             )
             self._spawn("controllers", ["--kubeconfig", str(kubeconfig)])
