@@ -707,7 +707,10 @@ def session(options: DemoOptions, out: TextIO) -> Iterator[Session]:
                 kubectl("delete", "-n", NAMESPACE, "streamingapp", APP_NAME, "--wait=false")
             except DemoError as error:
                 say(f"could not delete the app: {error}")
-            running.operator.stop()
+            try:
+                running.operator.stop()
+            except DemoError as error:  # the control plane stops next, and the pod with it
+                say(f"could not uninstall the operator: {error}")
             watcher.close()
 
 
