@@ -248,6 +248,7 @@ def test_an_instance_that_is_not_ready_receives_warm_ups_but_no_active() -> None
     assert result.target[1] == "app-1"
     assert moves_of(result) == []
     assert result.assignment["app-1"] == {1: TaskRole.WARMUP}
+    assert not result.converged, "no move, but task 1 still waits to go to app-1"
 
 
 # --- repeated planning --------------------------------------------------------------------------
@@ -264,6 +265,7 @@ def test_every_warm_up_behind_means_nothing_moves_and_the_plan_repeats() -> None
     )
     first = plan(state)
     assert first.moves == ()
+    assert not first.converged, "waiting for the warm-ups is not being done"
     assert plan(state) == first
 
 

@@ -57,6 +57,11 @@ def render_table(plan: Plan, draining: set[str], not_ready: set[str]) -> str:
     lines: list[str] = []
     if plan.converged:
         lines.append("No moves: the assignment is balanced and every task is where it belongs.")
+    elif not plan.moves:
+        lines.append(
+            "No moves now: tasks off their target wait for its replica to catch up or for the "
+            "instance to become ready."
+        )
     else:
         lines.append(f"{len(plan.moves)} move(s):")
         moves: list[tuple[str, ...]] = [("MOVE", "TASK", "FROM", "TO", "REASON")]

@@ -126,5 +126,10 @@ class Plan:
 
     @property
     def converged(self) -> bool:
-        """True when the plan has nothing left to do."""
-        return not self.moves
+        """True when the plan has nothing left to do: no move, and every task active on its
+        balanced target. A plan without moves whose tasks are not all there yet is waiting
+        (for a replica to catch up, or for its instance to become ready)."""
+        return not self.moves and all(
+            self.assignment.get(owner, {}).get(task) is TaskRole.ACTIVE
+            for task, owner in self.target.items()
+        )
