@@ -14,6 +14,7 @@ from smoothscale.kafka.embedded import EmbeddedKafka
 from smoothscale.kafka.progress import ProgressCommitter, ProgressReader, ReportedRole, TaskReport
 from smoothscale.runtime.changelog import closer, data, marker
 from smoothscale.runtime.restore import catch_up
+from smoothscale.runtime.source import read_plan
 from smoothscale.runtime.store import TaskState
 from smoothscale.runtime.transactions import TaskProducer
 from smoothscale.runtime.writer import Writer
@@ -468,3 +469,43 @@ def test_a_new_pod_under_a_known_name_owes_none_of_its_predecessors_releases(
         wait_for(warming_up, 10, "the warm-up report")
     operator.close()
     reader.close()
+
+
+def test_a_new_instance_samples_as_many_partitions_as_its_spark_reads_at_once(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    """The warm-up sample spans up to `partitions` input partitions with input (the last
+    `records` of each): a real batch reads its partitions at once, each through a Python reader
+    of its own, and a reader the sample did not start would start cold in the first batch of a
+    task handed over."""
+    config = for_instance(app_config(embedded_kafka, tmp_path), "pod-a")
+    producer = Producer({"bootstrap.servers": config.bootstrap_servers})
+    topic = config.input_topics[0]
+    for partition, records in ((0, 5), (1, 2)):
+        for _ in range(records):
+            producer.produce(topic, key=b"zoe", value=b'{"user": "zoe"}', partition=partition)
+    producer.flush(10)
+    with running(config) as instance:
+        assert instance.warm_up(records=3, partitions=PARTITIONS)
+        both = read_plan(instance.plan_path).partitions
+        assert instance.warm_up(records=3, partitions=1)
+        one = read_plan(instance.plan_path).partitions
+
+    assert both == {f"{topic}:0": 2, f"{topic}:1": 0}
+    assert one == {f"{topic}:0": 2}
+
+
+def test_a_task_turns_active_in_the_tick_that_writes_its_marker(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    """Writing the epoch marker and reading it back take one tick, not one each: on a busy
+    instance a tick comes only between micro-batches, and every extra one is a batch more with
+    the task owned by nobody. (start() takes the first assignment and ticks once.)"""
+    config = app_config(embedded_kafka, tmp_path)
+    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    operator.write("pod-a", Assignment(generation=1, tasks={0: active(1), 1: active(1)}))
+    operator.close()
+    with running(for_instance(config, "pod-a")) as instance:
+        after_one_tick = instance.active_tasks()
+
+    assert after_one_tick == {0: 1, 1: 1}

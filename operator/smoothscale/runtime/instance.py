@@ -58,9 +58,11 @@ from smoothscale.runtime.pipeline import Pipeline
 from smoothscale.runtime.restore import (
     RestoreLoop,
     end_offsets,
+    read_through,
     restore_consumer,
 )
 from smoothscale.runtime.source import write_plan
+from smoothscale.runtime.spark import SPARK_CORES
 from smoothscale.runtime.store import StateChanges, TaskState, task_directory
 from smoothscale.runtime.transactions import OutputRecord, TaskProducer
 from smoothscale.runtime.writer import Writer
@@ -80,6 +82,14 @@ TOMBSTONES_PER_BATCH = 100
 
 GAP_READ_SECONDS = 5.0
 """Longest a batch reads changelog records others wrote between its own, to verify them."""
+
+MARKER_READ_SECONDS = 1.0
+"""How long a tick that wrote epoch markers waits for the restore loop to read them back (one
+fetch, usually well under this) before it leaves the activation to a later tick."""
+MARKER_NEAR_OFFSETS = 16
+"""A marker is read back within the tick only when at most this many changelog offsets lie
+between what the restore loop had read and the marker's end (the marker, its transaction's
+commit, a few stray records): a longer restore through it goes on in the background."""
 
 WARM_UP_RECORDS = 1_000
 """Recent input records a new instance reads once, and discards, to warm its query."""
@@ -337,30 +347,37 @@ class Instance:
         with self.lock:
             return {task: active.epoch for task, active in self._active.items()}
 
-    def warm_up(self, records: int = WARM_UP_RECORDS) -> bool:
-        """Have the query read a sample of recent input once (the last `records` of one input
-        partition this instance does not own), so that its next micro-batch runs the whole
-        pipeline path (the source's Python readers, decode, aggregate, their code generation)
-        while nothing depends on it: the first batch of a task handed over later is then as
-        fast as a steady one. Nothing of the sample is applied or committed. False when there
-        is no input to sample (then there is nothing to warm with)."""
+    def warm_up(self, records: int = WARM_UP_RECORDS, partitions: int = SPARK_CORES) -> bool:
+        """Have the query read a sample of recent input once (the last `records` of each of up
+        to `partitions` input partitions this instance does not own), so that its next
+        micro-batch runs the whole path of a real batch (the source's Python readers, one per
+        partition read at once, decode, aggregate, their code generation) while nothing
+        depends on it: the first batch of a task handed over later is then as fast as a steady
+        one. Nothing of the sample is applied or committed. False when there is no input to
+        sample (then there is nothing to warm with)."""
         with self.lock:
             owned = {(topic, task) for topic in self.config.input_topics for task in self._active}
+            sample: dict[tuple[str, int], int] = {}
             try:
                 for topic in self.config.input_topics:
                     for partition in self._partitions_of(topic):
+                        if len(sample) == partitions:
+                            break
                         if (topic, partition) in owned:
                             continue
                         low, high = self._offsets.get_watermark_offsets(
                             TopicPartition(topic, partition), timeout=10
                         )
                         if high > low:
-                            self._warm_up = {(topic, partition): max(low, high - records)}
-                            self._write_plan()
-                            return True
+                            sample[(topic, partition)] = max(low, high - records)
             except KafkaException as error:
                 log.warning("no warm-up sample (%s): the instance is ready cold", error)
-        return False
+                return False
+            if not sample:
+                return False
+            self._warm_up = sample
+            self._write_plan()
+            return True
 
     def end_warm_up(self) -> None:
         """Take the warm-up sample out of the plan."""
@@ -660,19 +677,33 @@ class Instance:
         self._report()
 
     def _activate_caught_up(self) -> None:
-        """Move each activating task one step once the restore loop has read far enough:
-        restored to its target -> write its epoch marker (or refuse a stale epoch); restored
-        through its marker -> active. Neither step waits for a restore: a task that needs a
-        long one stays activating (reported as a warm-up with its progress) while the other
-        tasks keep processing."""
+        """Move each activating task on once the restore loop has read far enough: restored to
+        its target -> write its epoch marker (or refuse a stale epoch); restored through its
+        marker -> active. Neither step waits for a restore: a task that needs a long one stays
+        activating (reported as a warm-up with its progress) while the other tasks keep
+        processing. Reading back a marker written right after what was restored is one fetch,
+        so that much is waited for here: the task turns active in this tick, not after the next
+        micro-batch."""
+        marked = self._step_activations()
+        if marked:
+            self._restore.wait_until_read(
+                {task: self._activating[task].waits_for() for task in marked},
+                MARKER_READ_SECONDS,
+            )
+            self._step_activations()
+
+    def _step_activations(self) -> list[TaskId]:
+        """One step of every activating task the restore loop has read far enough for; returns
+        the tasks it wrote a marker for right after what the loop had read (nothing else in
+        between to restore)."""
         positions = self._restore.read_positions()
         failures = self._restore.failures()
+        marked: list[TaskId] = []
         for task, activation in sorted(self._activating.items()):
-            if task in failures:
-                continue
             reached = positions.get(task)
-            waits_for = activation.waits_for()
-            if reached is None or any(reached.get(s, 0) < o for s, o in waits_for.items()):
+            if task in failures or reached is None:
+                continue
+            if not read_through(reached, activation.waits_for()):
                 continue
             state = self._restore.unfollow(task)
             if state is None:
@@ -684,12 +715,16 @@ class Instance:
                     self._refuse(task, activation.epoch, seen, state.positions())
                 else:
                     activation.marked = self._mark(task, activation.epoch, state)
+                    unread = sum(o - reached.get(s, 0) for s, o in activation.waits_for().items())
+                    if unread <= MARKER_NEAR_OFFSETS:
+                        marked.append(task)
                 # Restores on through the marker in the background (the loop resumes from the
                 # state's own position).
                 self._restore.follow(state)
                 continue
             del self._activating[task]
             self._activate(task, activation.marked, state)
+        return marked
 
     def _refuse(self, task: TaskId, epoch: int, seen: int, positions: dict[str, int]) -> None:
         error = (

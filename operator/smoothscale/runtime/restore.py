@@ -34,6 +34,8 @@ from smoothscale.tasks import TaskId
 log = logging.getLogger(__name__)
 
 _BATCH = 2000
+_READ_WAIT_SECONDS = 0.02
+"""How often `wait_until_read` looks at how far the loop has read."""
 RestoredCallback = Callable[[TaskId, int], None]
 """Called with (task, records applied) after each restored batch."""
 
@@ -230,6 +232,12 @@ def end_offsets(
     }
 
 
+def read_through(read: Mapping[str, int] | None, offsets: Mapping[str, int]) -> bool:
+    """Whether a task's changelogs are read (`read`, per store; None: not followed) up to
+    `offsets` (per store, the offset to reach)."""
+    return read is not None and all(read.get(store, 0) >= o for store, o in offsets.items())
+
+
 class RestoreTimeoutError(TimeoutError):
     """A task could not be restored to its target offsets in time."""
 
@@ -257,8 +265,7 @@ def catch_up(
             targets = end_offsets(consumer, changelog_topics, state.task, timeout)
 
         def behind() -> bool:
-            read_to = applier.read_to(state)
-            return any(read_to[store] < offset for store, offset in targets.items())
+            return not read_through(applier.read_to(state), targets)
 
         applier.check_retention(consumer, state, timeout)
         if state.task in applier.failures:
@@ -363,6 +370,18 @@ class RestoreLoop:
         restore position while the last batch read is not closed)."""
         with self._held():
             return {task: self._applier.read_to(state) for task, state in self._states.items()}
+
+    def wait_until_read(self, offsets: Mapping[TaskId, Mapping[str, int]], timeout: float) -> bool:
+        """Wait until every task in `offsets` is read through its offsets (see read_through),
+        at most `timeout` seconds; whether they are."""
+        deadline = time.monotonic() + timeout
+        while True:
+            read = self.read_positions()
+            if all(read_through(read.get(task), wanted) for task, wanted in offsets.items()):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_READ_WAIT_SECONDS)
 
     def lags(self) -> dict[TaskId, int]:
         """Per followed task, changelog records not yet applied (summed over stores), as of the

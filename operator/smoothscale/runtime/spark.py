@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+SPARK_CORES = 2
+"""Tasks the instance's Spark runs at once (`local[SPARK_CORES]`): one per input partition read,
+each in a Python worker of its own."""
 DRIVER_MEMORY = "512m"
 """Heap of the instance's driver JVM; its state lives in the embedded store, off the JVM heap."""
 
@@ -31,7 +34,7 @@ def local_session(app_name: str, *, shuffle_partitions: int = 2) -> "SparkSessio
     os.environ.setdefault("PYSPARK_PYTHON", _python_executable())
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", _python_executable())
     spark = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master(f"local[{SPARK_CORES}]")
         .appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")  # no progress bars in pod logs

@@ -70,6 +70,9 @@ class MicroBatch:
                 collected = self._collect(classified, batch.columns)
                 if collected is None:
                     return
+                self.metrics.count_dead_letters(
+                    str(row["reason"]) for rows in collected.dead_letters.values() for row in rows
+                )
                 self.instance.commit_batch(collected)
             finally:
                 classified.unpersist()
@@ -77,22 +80,23 @@ class MicroBatch:
             log.debug("batch %d: %s records", batch_id, sum(collected.counts.values()))
 
     def _warm(self, batch: "DataFrame", sample: Mapping[tuple[str, int], int]) -> None:
-        """Run the pipeline over the warm-up sample and drop the result (see Instance.warm_up).
-        A sample that fails to aggregate says nothing about the tasks: the instance is ready
-        anyway, and a real batch will show the error where it matters."""
-        from smoothscale.runtime.decode import decode
-
+        """Run the whole path of a real batch over the warm-up sample, the same Spark jobs in
+        the same order, and drop the result (see Instance.warm_up). A sample that fails to
+        aggregate says nothing about the tasks: the instance is ready anyway, and a real batch
+        will show the error where it matters."""
         rows = batch.where(_at_or_after(sample))
         if rows.isEmpty():
             return  # planned before the sample was: the next batch reads it
+        classified = classify(rows, self.pipeline).persist()
         try:
-            good, bad = decode(rows, self.pipeline)
-            bad.count()
-            updates = self._updates(good)
+            collected = self._collect(classified, batch.columns)
         except Exception:
             log.warning("the warm-up batch failed; the instance is ready without it", exc_info=True)
         else:
-            log.info("warm-up batch: the pipeline ran over %d sampled updates", len(updates))
+            records = 0 if collected is None else sum(collected.counts.values())
+            log.info("warm-up batch: the pipeline ran over %d sampled records", records)
+        finally:
+            classified.unpersist()
         self.instance.warmed.set()
 
     def _collect(self, classified: "DataFrame", columns: list[str]) -> BatchInput | None:
@@ -125,7 +129,6 @@ class MicroBatch:
             )
         for row in bad_rows:
             collected.dead_letters.setdefault(int(row["partition"]), []).append(row)
-        self.metrics.count_dead_letters(str(row["reason"]) for row in bad_rows)
         return collected
 
     def _aggregate(self, rows: "DataFrame", good: "DataFrame") -> "tuple[list[Row], list[Row]]":
