@@ -1,6 +1,7 @@
 """The Kafka front answers real Kafka clients like a cluster with topic administration,
 auto.create.topics.enable=false and a log cleaner that runs when a test says so."""
 
+import asyncio
 import time
 import uuid
 
@@ -15,7 +16,9 @@ from confluent_kafka.admin import (
     OffsetSpec,
 )
 
+from smoothscale.devcluster import kafkafront
 from smoothscale.devcluster.kafkafront import KafkaFront, KafkaFrontError
+from smoothscale.devcluster.kafkaprotocol import frame
 
 
 def unique(prefix: str) -> str:
@@ -395,3 +398,31 @@ def test_deleted_records_move_the_log_start_like_retention(kafka_front: KafkaFro
     beyond = delete_records(kafka_front, topic, 11)
     assert isinstance(beyond, KafkaError)
     assert beyond.code() == KafkaError.OFFSET_OUT_OF_RANGE
+
+
+def test_the_front_asks_a_broker_again_when_it_does_not_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A request the front makes of its own (Metadata, ListOffsets, Fetch) that a broker never
+    answers is asked again on a new connection, instead of holding back every later response
+    to the client waiting for it (seen in CI: a DescribeConfigs unanswered for 60 s)."""
+    monkeypatch.setattr(kafkafront, "_CALL_SECONDS", 0.2)
+    connections: list[asyncio.StreamWriter] = []
+
+    async def broker(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)
+        size = int.from_bytes(await reader.readexactly(4), "big")
+        request = await reader.readexactly(size)
+        if len(connections) == 1:
+            await asyncio.sleep(10)  # the first request is never answered
+        writer.write(frame(request[4:8] + b"answer"))  # correlation id, body
+        await writer.drain()
+
+    async def scenario() -> bytes:
+        server = await asyncio.start_server(broker, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            return await kafkafront._call(kafkafront._Address("127.0.0.1", port), 3, 4, b"")
+
+    assert asyncio.run(scenario()) == b"answer"
+    assert len(connections) == 2

@@ -53,6 +53,10 @@ T = TypeVar("T")
 _log = logging.getLogger(__name__)
 # How a pump ends when its peer closes the connection: not worth a log line.
 _CONNECTION_CLOSED = (asyncio.IncompleteReadError, ConnectionError)
+_CALL_SECONDS = 5.0
+_CALL_ATTEMPTS = 3
+_RESPONDING: "set[asyncio.Task[None]]" = set()
+"""The tasks answering requests the front answers itself, until they are done."""
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, FIND_COORDINATOR, API_VERSIONS = 0, 1, 2, 3, 10, 18
 CREATE_TOPICS, DELETE_TOPICS, DELETE_RECORDS = 19, 20, 21
@@ -860,7 +864,11 @@ def _settle(answer: "asyncio.Future[bytes]", correlation_id: int, body: Awaitabl
         except Exception as error:  # a broken request closes the client connection, as Kafka does
             answer.set_exception(error)
 
-    asyncio.get_running_loop().create_task(respond())
+    task = asyncio.get_running_loop().create_task(respond())
+    # The loop keeps only a weak reference to a task: one collected while it waits would never
+    # answer, and every later response on the client's connection would wait behind it.
+    _RESPONDING.add(task)
+    task.add_done_callback(_RESPONDING.discard)
 
 
 async def _read_frame(reader: asyncio.StreamReader) -> bytes:
@@ -879,7 +887,30 @@ async def _write_answers(
 
 
 async def _call(broker: _Address, api_key: int, version: int, body: bytes) -> bytes:
-    """One request to a mock broker on a connection of its own; the response body."""
+    """One read-only request (Metadata, ListOffsets, Fetch) to a mock broker on a connection of
+    its own; the response body. A broker that does not answer within _CALL_SECONDS is asked
+    again on a new connection, up to _CALL_ATTEMPTS times in all: the request that waits for
+    this answer holds back every later response to its client."""
+    for attempt in range(1, _CALL_ATTEMPTS + 1):
+        try:
+            return await asyncio.wait_for(_call_once(broker, api_key, version, body), _CALL_SECONDS)
+        except TimeoutError:
+            _log.warning(
+                "mock broker %s:%d did not answer request %d in %s s (attempt %d of %d)",
+                broker.host,
+                broker.port,
+                api_key,
+                _CALL_SECONDS,
+                attempt,
+                _CALL_ATTEMPTS,
+            )
+    raise KafkaFrontError(
+        f"mock broker {broker.host}:{broker.port} did not answer request {api_key} "
+        f"{_CALL_ATTEMPTS} times"
+    )
+
+
+async def _call_once(broker: _Address, api_key: int, version: int, body: bytes) -> bytes:
     reader, writer = await asyncio.open_connection(broker.host, broker.port)
     try:
         header = Writer().int16(api_key).int16(version).int32(1).nullable_string("kafka-front")
