@@ -3,6 +3,7 @@ tumbling-window example's struct updates, dead letters in the task's transaction
 tasks not active here, and a batch delivered twice."""
 
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -24,7 +25,7 @@ from smoothscale.runtime.metrics import InstanceMetrics
 from smoothscale.runtime.pipeline import Output, Pipeline
 from smoothscale.runtime.source import SCHEMA, read_plan
 from smoothscale.runtime.spark import local_session
-from smoothscale.runtime.worker import MicroBatch, dead_letter_sender
+from smoothscale.runtime.worker import KeepWarm, MicroBatch, dead_letter_sender
 from smoothscale.tasks import TaskRole
 from tests.runtime.instance_helpers import PARTITIONS, app_config, for_instance
 from tests.runtime.kafka_helpers import read_committed, wait_for
@@ -275,3 +276,45 @@ def test_a_new_instance_warms_its_query_on_a_sample_it_does_not_own_and_commits_
     assert state == {"amy": 1}, "nothing of the sample applied"
     outputs = read_committed(config.bootstrap_servers, config.output_topic, PARTITIONS)
     assert [m.key() for m in outputs] == [b"amy"], "nor emitted"
+
+
+def test_an_instance_that_reads_nothing_for_a_while_reads_its_warm_up_sample_again(
+    spark: SparkSession, embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    """Spark stops Python workers idle for a minute, so an instance that reads no input (a
+    warm-up restoring for minutes, an idle stream) puts its warm-up sample back in the plan
+    after `idle_seconds`, and takes it out once a batch has run it; an instance that reads
+    input does not."""
+    pipeline = counting()
+    with active_instance(app_config(embedded_kafka, tmp_path), pipeline) as (
+        instance,
+        metrics,
+        config,
+    ):
+        topic = config.input_topics[0]
+        producer = Producer({"bootstrap.servers": config.bootstrap_servers})
+        for _ in range(5):
+            producer.produce(topic, key=b"zoe", value=b'{"user": "zoe"}', partition=1)
+        producer.flush(10)
+        run = MicroBatch(instance, pipeline, metrics)
+        keep_warm = KeepWarm(instance, idle_seconds=0.5)
+
+        run(spark.createDataFrame([user_record(topic, 0, "amy")], SCHEMA), 0)
+        keep_warm.tick()
+        while_reading = read_plan(instance.plan_path).partitions
+        time.sleep(0.6)
+        keep_warm.tick()
+        idle = read_plan(instance.plan_path).partitions
+        sample = [
+            (t, 1, o, k, v, ts)
+            for (t, _p, o, k, v, ts) in [user_record(topic, offset, "zoe") for offset in range(5)]
+        ]
+        run(spark.createDataFrame(sample, SCHEMA), 1)
+        keep_warm.tick()
+        after_the_sample = read_plan(instance.plan_path).partitions
+        state = instance.state_snapshot(0)
+
+    assert while_reading == {f"{topic}:0": 0}
+    assert idle == {f"{topic}:0": 0, f"{topic}:1": 0}
+    assert after_the_sample == {f"{topic}:0": 0}
+    assert state == {"amy": 1}, "nothing of the sample applied"

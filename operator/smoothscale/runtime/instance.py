@@ -208,6 +208,8 @@ class Instance:
         """Sample ranges of recent input the query reads once before the instance is ready."""
         self.warmed = threading.Event()
         """Set once a micro-batch has run the pipeline over the warm-up sample."""
+        self.last_read = time.monotonic()
+        """When a micro-batch last read input (its tasks' or a warm-up sample's)."""
         self._activations: dict[tuple[str, int], int] = {}
         """Per input partition, how often it was activated: the source restarts a partition
         from its plan start whenever this changes, even at an unchanged start offset."""
@@ -376,6 +378,7 @@ class Instance:
             if not sample:
                 return False
             self._warm_up = sample
+            self.warmed.clear()
             self._write_plan()
             return True
 

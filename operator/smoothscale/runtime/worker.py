@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 
 TICK_SECONDS = 0.1
 """How often the main thread looks for a new assignment between batches."""
+KEEP_WARM_SECONDS = 30.0
+"""Longest an instance reads no input before it reads its warm-up sample again (Spark stops
+Python workers idle for a minute)."""
 WARM_UP_TIMEOUT_SECONDS = 120.0
 """Longest a new instance waits for its warm-up batch before it says it is ready anyway."""
 
@@ -76,6 +79,7 @@ class MicroBatch:
                 self.instance.commit_batch(collected)
             finally:
                 classified.unpersist()
+                self.instance.last_read = time.monotonic()
             self.metrics.observe_batch(time.monotonic() - started)
             log.debug("batch %d: %s records", batch_id, sum(collected.counts.values()))
 
@@ -97,6 +101,7 @@ class MicroBatch:
             log.info("warm-up batch: the pipeline ran over %d sampled records", records)
         finally:
             classified.unpersist()
+        self.instance.last_read = time.monotonic()
         self.instance.warmed.set()
 
     def _collect(self, classified: "DataFrame", columns: list[str]) -> BatchInput | None:
@@ -284,10 +289,12 @@ def run_worker(config: WorkerConfig) -> int:
         stop.install()  # again: PySpark installs its own SIGINT handler
         metrics.set_ready(True)
         log.info("instance %s ready", config.instance_id)
+        keep_warm = KeepWarm(instance)
         while stop.signal is None:
             if not query.isActive:
                 raise RuntimeError(f"the streaming query stopped: {query.exception()}")
             instance.tick()
+            keep_warm.tick()
             time.sleep(TICK_SECONDS)
         log.info("instance %s stopping on %s", config.instance_id, stop.signal)
     finally:
@@ -319,6 +326,37 @@ def _warm_up(instance: Instance, query: "StreamingQuery") -> None:
             log.warning("no warm-up batch within %s s: ready cold", WARM_UP_TIMEOUT_SECONDS)
             break
     instance.end_warm_up()
+
+
+class KeepWarm:
+    """Keeps the query's Python readers warm while the instance reads no input.
+
+    Spark stops a Python worker that has been idle for a minute (its PythonWorkerFactory), so
+    the readers the warm-up batch started go cold again while an instance waits with nothing
+    to read: a new pod whose warm-ups take minutes to restore, a standby, an idle input.
+    Measured on this machine: a job on two partitions took 2.6 s after 75 s idle, 0.4 s warm.
+    Whenever no micro-batch has read input for `idle_seconds`, the warm-up sample is read
+    again (Instance.warm_up), and taken out of the plan once a batch has run it, or after
+    `idle_seconds` more if none did."""
+
+    def __init__(self, instance: Instance, idle_seconds: float = KEEP_WARM_SECONDS) -> None:
+        self.instance = instance
+        self.idle_seconds = idle_seconds
+        self._armed_at: float | None = None
+        self._tried_at = time.monotonic()
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if self._armed_at is not None:
+            if self.instance.warmed.is_set() or now - self._armed_at > self.idle_seconds:
+                self.instance.end_warm_up()
+                self._armed_at = None
+            return
+        idle_since = max(self.instance.last_read, self._tried_at)
+        if now - idle_since > self.idle_seconds:
+            self._tried_at = now
+            if self.instance.warm_up():
+                self._armed_at = now
 
 
 @contextmanager
