@@ -65,6 +65,17 @@ def produce_users(config: WorkerConfig, users: list[str]) -> None:
     producer.flush(10)
 
 
+def produce_to_partition(config: WorkerConfig, partition: int, records: int, user: str) -> None:
+    """`records` records of `user` to `partition` of the input topic, whatever its key hashes to."""
+    producer = Producer({"bootstrap.servers": config.bootstrap_servers})
+    value = json.dumps({"user": user}).encode()
+    for _ in range(records):
+        producer.produce(
+            config.input_topics[0], key=user.encode(), value=value, partition=partition
+        )
+    producer.flush(10)
+
+
 def user_partition(user: str) -> int:
     return sum(user.encode()) % PARTITIONS
 

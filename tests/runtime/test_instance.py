@@ -26,6 +26,7 @@ from tests.runtime.instance_helpers import (
     feed,
     final_totals,
     for_instance,
+    produce_to_partition,
     produce_users,
     running,
     ticked,
@@ -479,12 +480,9 @@ def test_a_new_instance_samples_as_many_partitions_as_its_spark_reads_at_once(
     of its own, and a reader the sample did not start would start cold in the first batch of a
     task handed over."""
     config = for_instance(app_config(embedded_kafka, tmp_path), "pod-a")
-    producer = Producer({"bootstrap.servers": config.bootstrap_servers})
     topic = config.input_topics[0]
-    for partition, records in ((0, 5), (1, 2)):
-        for _ in range(records):
-            producer.produce(topic, key=b"zoe", value=b'{"user": "zoe"}', partition=partition)
-    producer.flush(10)
+    produce_to_partition(config, 0, 5, "zoe")
+    produce_to_partition(config, 1, 2, "zoe")
     with running(config) as instance:
         assert instance.warm_up(records=3, partitions=PARTITIONS)
         both = read_plan(instance.plan_path).partitions

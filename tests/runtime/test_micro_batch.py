@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from confluent_kafka import Producer
 from examples.pipelines.running_count import add_count, count_per_user
 from examples.pipelines.tumbling_window import pipeline as tumbling_window
 from pyspark.sql import SparkSession
@@ -27,7 +26,12 @@ from smoothscale.runtime.source import SCHEMA, read_plan
 from smoothscale.runtime.spark import local_session
 from smoothscale.runtime.worker import KeepWarm, MicroBatch, dead_letter_sender
 from smoothscale.tasks import TaskRole
-from tests.runtime.instance_helpers import PARTITIONS, app_config, for_instance
+from tests.runtime.instance_helpers import (
+    PARTITIONS,
+    app_config,
+    for_instance,
+    produce_to_partition,
+)
 from tests.runtime.kafka_helpers import read_committed, wait_for
 
 if TYPE_CHECKING:
@@ -154,8 +158,9 @@ def active_instance(
         instance.shutdown(timeout=10)
 
 
-def user_record(topic: str, offset: int, user: str) -> Row:
-    return (topic, 0, offset, user.encode(), json.dumps({"user": user}).encode(), datetime.now(UTC))
+def user_record(topic: str, offset: int, user: str, partition: int = 0) -> Row:
+    value = json.dumps({"user": user}).encode()
+    return (topic, partition, offset, user.encode(), value, datetime.now(UTC))
 
 
 def headers_of(message: Any) -> dict[str, str]:
@@ -250,10 +255,7 @@ def test_a_new_instance_warms_its_query_on_a_sample_it_does_not_own_and_commits_
         config,
     ):
         topic = config.input_topics[0]
-        producer = Producer({"bootstrap.servers": config.bootstrap_servers})
-        for _ in range(5):
-            producer.produce(topic, key=b"zoe", value=b'{"user": "zoe"}', partition=1)
-        producer.flush(10)
+        produce_to_partition(config, 1, 5, "zoe")
 
         assert instance.warm_up(records=3)
         planned = read_plan(instance.plan_path)
@@ -263,9 +265,8 @@ def test_a_new_instance_warms_its_query_on_a_sample_it_does_not_own_and_commits_
         planned_before = [user_record(topic, 0, "amy")]  # a batch planned before the sample
         run(spark.createDataFrame(planned_before, SCHEMA), 0)
         assert not instance.warmed.is_set(), "a batch without the sample warms nothing"
-        sample = [user_record(topic, offset, "zoe") for offset in range(2, 5)]
-        rows = [(t, 1, o, k, v, ts) for (t, _p, o, k, v, ts) in sample]
-        run(spark.createDataFrame(rows, SCHEMA), 1)
+        sample = [user_record(topic, offset, "zoe", partition=1) for offset in range(2, 5)]
+        run(spark.createDataFrame(sample, SCHEMA), 1)
         assert instance.warmed.is_set()
         assert instance.warm_up_from() == {}
         instance.end_warm_up()
@@ -292,10 +293,7 @@ def test_an_instance_that_reads_nothing_for_a_while_reads_its_warm_up_sample_aga
         config,
     ):
         topic = config.input_topics[0]
-        producer = Producer({"bootstrap.servers": config.bootstrap_servers})
-        for _ in range(5):
-            producer.produce(topic, key=b"zoe", value=b'{"user": "zoe"}', partition=1)
-        producer.flush(10)
+        produce_to_partition(config, 1, 5, "zoe")
         run = MicroBatch(instance, pipeline, metrics)
         keep_warm = KeepWarm(instance, idle_seconds=0.5)
 
@@ -305,10 +303,7 @@ def test_an_instance_that_reads_nothing_for_a_while_reads_its_warm_up_sample_aga
         time.sleep(0.6)
         keep_warm.tick()
         idle = read_plan(instance.plan_path).partitions
-        sample = [
-            (t, 1, o, k, v, ts)
-            for (t, _p, o, k, v, ts) in [user_record(topic, offset, "zoe") for offset in range(5)]
-        ]
+        sample = [user_record(topic, offset, "zoe", partition=1) for offset in range(5)]
         run(spark.createDataFrame(sample, SCHEMA), 1)
         keep_warm.tick()
         after_the_sample = read_plan(instance.plan_path).partitions
