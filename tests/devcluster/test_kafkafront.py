@@ -4,6 +4,7 @@ auto.create.topics.enable=false and a log cleaner that runs when a test says so.
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -253,6 +254,67 @@ def test_a_transactional_producer_and_a_subscribed_group_work_through_the_front(
     (end,) = ends.values()
     # The group read to the end; its position may stop before the final commit marker.
     assert end.result(10).offset in {committed[0].offset, committed[0].offset + 1}
+
+
+def transactional(front: KafkaFront, transactional_id: str) -> Producer:
+    producer = Producer(
+        {"bootstrap.servers": front.bootstrap_servers, "transactional.id": transactional_id}
+    )
+    producer.init_transactions(10)
+    return producer
+
+
+def fenced_error(action: Callable[[], object]) -> KafkaError | None:
+    """The error `action` raised, None when it did not raise."""
+    try:
+        action()
+    except KafkaException as error:
+        found: KafkaError = error.args[0]
+        return found
+    return None
+
+
+def test_a_newer_producer_of_a_transactional_id_fences_the_older_ones_produce(
+    kafka_front: KafkaFront,
+) -> None:
+    topic, transactional_id = unique("fenced"), unique("tx")
+    assert create(kafka_front, NewTopic(topic, 1, 1)) == {topic: None}
+    zombie = transactional(kafka_front, transactional_id)
+    zombie.begin_transaction()
+    zombie.produce(topic, key=b"zombie", value=b"before")
+    zombie.flush(10)
+    owner = transactional(kafka_front, transactional_id)
+    other = transactional(kafka_front, unique("tx"))  # another id: not fenced
+    zombie.produce(topic, key=b"zombie", value=b"after")
+
+    error = fenced_error(lambda: (zombie.flush(10), zombie.commit_transaction(10)))
+    assert error is not None
+    assert error.fatal()
+    assert error.code() == KafkaError._FENCED
+    for producer, value in ((owner, b"owner"), (other, b"other")):
+        producer.begin_transaction()
+        producer.produce(topic, key=b"k", value=value)
+        producer.commit_transaction(10)
+    values = [value for _offset, _key, value in consume(kafka_front, topic, 0, 5)]
+    # The mock keeps what reached it before the fence visible (Kafka would hide it once the
+    # transaction is aborted), but nothing the zombie sent after it.
+    assert b"after" not in values
+    assert values[-2:] == [b"owner", b"other"]
+
+
+def test_a_fenced_producers_commit_is_refused(kafka_front: KafkaFront) -> None:
+    topic, transactional_id = unique("fenced"), unique("tx")
+    assert create(kafka_front, NewTopic(topic, 1, 1)) == {topic: None}
+    zombie = transactional(kafka_front, transactional_id)
+    zombie.begin_transaction()
+    zombie.produce(topic, key=b"zombie", value=b"v")
+    zombie.flush(10)
+    transactional(kafka_front, transactional_id)
+
+    error = fenced_error(lambda: zombie.commit_transaction(10))
+    assert error is not None
+    assert error.fatal()
+    assert error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED)
 
 
 def test_compaction_leaves_the_newest_record_per_key_at_its_offset(

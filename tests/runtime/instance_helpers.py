@@ -10,6 +10,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, Producer, TopicPartition
 from examples.pipelines.running_count import pipeline as running_count
 
+from smoothscale.devcluster.kafkafront import KafkaFront
 from smoothscale.kafka import names
 from smoothscale.kafka.embedded import EmbeddedKafka
 from smoothscale.runtime.config import WorkerConfig
@@ -21,8 +22,9 @@ PARTITIONS = 2
 STORE = "counts"
 
 
-def app_config(kafka: EmbeddedKafka, state_root: Path) -> WorkerConfig:
-    """A fresh app (its own topics) with an instance template; override instance_id/state_dir."""
+def app_config(kafka: EmbeddedKafka | KafkaFront, state_root: Path) -> WorkerConfig:
+    """A fresh app (its own topics) with an instance template; override instance_id/state_dir.
+    On a KafkaFront, the app's clients go through the front (which fences producers)."""
     app = unique("app")
     config = WorkerConfig(
         app_id=app,
@@ -38,10 +40,11 @@ def app_config(kafka: EmbeddedKafka, state_root: Path) -> WorkerConfig:
         metrics_port=0,
         max_records_per_partition=50,
     )
+    cluster = kafka.kafka if isinstance(kafka, KafkaFront) else kafka
     for topic in (*config.input_topics, config.output_topic, *config.changelog_topics().values()):
-        kafka.create_topic(topic, PARTITIONS)
-    kafka.create_topic(names.assignments_topic(app), 1)
-    kafka.create_topic(config.dead_letters(), PARTITIONS)
+        cluster.create_topic(topic, PARTITIONS)
+    cluster.create_topic(names.assignments_topic(app), 1)
+    cluster.create_topic(config.dead_letters(), PARTITIONS)
     return config
 
 

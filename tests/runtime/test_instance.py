@@ -9,6 +9,8 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from smoothscale.demo.timeline import read_timelines
+from smoothscale.devcluster.kafkafront import KafkaFront
 from smoothscale.kafka.assignments import Assignment, AssignmentWriter, TaskAssignment
 from smoothscale.kafka.embedded import EmbeddedKafka
 from smoothscale.kafka.progress import ProgressCommitter, ProgressReader, ReportedRole, TaskReport
@@ -155,6 +157,49 @@ def test_an_unfenced_zombie_owner_cannot_corrupt_the_state(
             }
         finally:
             fresh.close()
+
+
+def test_a_zombie_owner_kafka_fences_stops_that_task_only_and_commits_nothing_of_it(
+    kafka_front: KafkaFront, tmp_path: Path
+) -> None:
+    config = app_config(kafka_front, tmp_path)
+    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
+    operator.write("pod-a", Assignment(generation=1, tasks={0: active(1), 1: active(1)}))
+    produced = users_batch(200)
+    produce_users(config, produced[:100])
+    with running(for_instance(config, "pod-a")) as a:
+        until_active(a, {0: 1, 1: 1})
+        feed(a)
+        # Task 0 fails over to pod-b; pod-a never hears of it. pod-b's producer fences pod-a's
+        # (the same transactional.id) before its marker: pod-a's next commit of task 0 is
+        # refused by Kafka, before the changelog could tell it.
+        operator.write("pod-b", Assignment(generation=2, tasks={0: active(2)}))
+        with running(for_instance(config, "pod-b")) as b:
+            until_active(b, {0: 2})
+            produce_users(config, produced[100:])
+            assert feed(a) > 0
+            assert a.active_tasks() == {1: 1}
+
+            def fenced() -> bool:
+                a.tick()
+                report = reader.reports("pod-a", PARTITIONS).get(0)
+                return report is not None and report.role is ReportedRole.FENCED
+
+            wait_for(fenced, 10, "the fenced report")
+            assert "fenced" in (reader.reports("pod-a", PARTITIONS)[0].error or "")
+            while feed(a) + feed(b):
+                pass
+            state = {**b.state_snapshot(0), **a.state_snapshot(1)}
+    operator.close()
+    reader.close()
+
+    assert state == dict(Counter(produced))
+    topic = config.changelog_topics()[STORE]
+    timelines = read_timelines(config.bootstrap_servers, topic, PARTITIONS)
+    assert [overlap for timeline in timelines.values() for overlap in timeline.overlaps] == []
+    for user, seen in final_totals(config).items():
+        assert seen == sorted(set(seen)), f"{user}: a total was emitted twice or went back"
 
 
 def test_shutdown_releases_every_active_task_with_its_final_offsets(

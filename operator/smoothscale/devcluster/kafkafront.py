@@ -16,7 +16,9 @@ forwards every request to its broker, except that it:
   log (see compaction.py). Until then Fetch responses are copied untouched;
 - answers DeleteRecords (v0-v1) itself: it keeps each partition's log start offset, which
   ListOffsets answers then never go below, and a Fetch below it is OFFSET_OUT_OF_RANGE, as on a
-  cluster whose retention deleted the records.
+  cluster whose retention deleted the records;
+- fences the older producers of a transactional.id once a newer one is initialised, refusing
+  their Produce and transaction requests as Kafka does (see fencing.py).
 
 It runs an asyncio loop in a background thread of the process that owns the EmbeddedKafka.
 """
@@ -39,7 +41,26 @@ from smoothscale.devcluster.compaction import (
     read_batches,
     rewrite_records,
 )
+from smoothscale.devcluster.fencing import VERSION_CAPS as _TRANSACTION_CAPS
+from smoothscale.devcluster.fencing import ProducerFence
 from smoothscale.devcluster.kafkaprotocol import (
+    ADD_OFFSETS_TO_TXN,
+    ADD_PARTITIONS_TO_TXN,
+    ALTER_CONFIGS,
+    API_VERSIONS,
+    CREATE_TOPICS,
+    DELETE_RECORDS,
+    DELETE_TOPICS,
+    DESCRIBE_CLUSTER,
+    DESCRIBE_CONFIGS,
+    END_TXN,
+    FETCH,
+    FIND_COORDINATOR,
+    INCREMENTAL_ALTER_CONFIGS,
+    INIT_PRODUCER_ID,
+    LIST_OFFSETS,
+    METADATA,
+    PRODUCE,
     Reader,
     RequestHeader,
     Writer,
@@ -58,14 +79,18 @@ _CALL_ATTEMPTS = 3
 _RESPONDING: "set[asyncio.Task[None]]" = set()
 """The tasks answering requests the front answers itself, until they are done."""
 
-PRODUCE, FETCH, LIST_OFFSETS, METADATA, FIND_COORDINATOR, API_VERSIONS = 0, 1, 2, 3, 10, 18
-CREATE_TOPICS, DELETE_TOPICS, DELETE_RECORDS = 19, 20, 21
-DESCRIBE_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 44
-_ALTER_CONFIGS, _DESCRIBE_CLUSTER = 33, 60
 
 # Highest version the front lets clients use of the APIs whose responses it parses or that
 # carry broker addresses in later versions.
-_VERSION_CAPS = {PRODUCE: 8, FETCH: 11, LIST_OFFSETS: 5, METADATA: 8, FIND_COORDINATOR: 2}
+_VERSION_CAPS = {
+    PRODUCE: 8,
+    FETCH: 11,
+    LIST_OFFSETS: 5,
+    METADATA: 8,
+    FIND_COORDINATOR: 2,
+    **_TRANSACTION_CAPS,
+}
+_FENCEABLE = {PRODUCE, ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN}
 _ANSWERED_HERE = {
     CREATE_TOPICS: (0, 4),
     DELETE_TOPICS: (0, 3),
@@ -74,7 +99,7 @@ _ANSWERED_HERE = {
     INCREMENTAL_ALTER_CONFIGS: (0, 0),
 }
 # APIs the mock advertises that would bypass the front's topic configs or leak broker addresses.
-_HIDDEN = {_ALTER_CONFIGS, _DESCRIBE_CLUSTER}
+_HIDDEN = {ALTER_CONFIGS, DESCRIBE_CLUSTER}
 
 _NONE = 0
 _OFFSET_OUT_OF_RANGE = 1
@@ -147,6 +172,8 @@ class _Forwarded:
     version: int
     fetch_offsets: Mapping[tuple[str, int], int]
     """For a Fetch: the offset each partition is read from (empty when nothing needs it)."""
+    transactional_id: str | None = None
+    """For an InitProducerId: the transactional.id it initialises."""
 
 
 @dataclass(frozen=True)
@@ -167,6 +194,7 @@ class KafkaFront:
         self._configs: dict[str, dict[str, str]] = {}
         self._compactions: dict[tuple[str, int], Compaction] = {}
         self._log_starts: dict[tuple[str, int], int] = {}
+        self._fence = ProducerFence()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="kafka-front", daemon=True
@@ -632,16 +660,30 @@ class KafkaFront:
                 body = Reader(request, header.body_offset)
                 _settle(answer, header.correlation_id, handler(header.api_version, body))
                 continue
+            answered = not (header.api_key == PRODUCE and _acks(request, header) == 0)
+            if header.api_key in _FENCEABLE:
+                refusal = self._fence.refusal(header, request)
+                if refusal is not None:
+                    if answered:
+                        reply = Writer().int32(header.correlation_id).raw(refusal).bytes()
+                        answer.set_result(frame(reply))
+                        answers.put_nowait(answer)
+                    continue
             if header.api_key == METADATA and header.api_version >= 4:
                 request = _without_auto_creation(request, header.body_offset)
-            if not (header.api_key == PRODUCE and _acks(request, header) == 0):
+            if answered:
                 fetch_offsets = (
                     _fetch_offsets(request, header)
                     if header.api_key == FETCH and self._log_starts
                     else {}
                 )
+                transactional_id = (
+                    self._fence.transactional_id(header, request)
+                    if header.api_key == INIT_PRODUCER_ID
+                    else None
+                )
                 awaited[header.correlation_id] = _Forwarded(
-                    answer, header.api_key, header.api_version, fetch_offsets
+                    answer, header.api_key, header.api_version, fetch_offsets, transactional_id
                 )
                 answers.put_nowait(answer)
             broker.write(frame(request))
@@ -682,6 +724,8 @@ class KafkaFront:
             return self._rewrite_list_offsets(version, response)
         if request.api_key == FETCH and (self._compactions or self._log_starts):
             return self._rewrite_fetch(version, response, request.fetch_offsets)
+        if request.api_key == INIT_PRODUCER_ID and request.transactional_id is not None:
+            self._fence.initialised(request.transactional_id, version, response)
         return response
 
     def _front_of(self, host: str, port: int) -> _Address:

@@ -172,8 +172,24 @@ class RequestHeader:
     body_offset: int  # where the body starts in the request (after the size prefix)
 
 
+# API keys.
+PRODUCE, FETCH, LIST_OFFSETS, METADATA, FIND_COORDINATOR, API_VERSIONS = 0, 1, 2, 3, 10, 18
+CREATE_TOPICS, DELETE_TOPICS, DELETE_RECORDS, INIT_PRODUCER_ID = 19, 20, 21, 22
+ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN = 24, 25, 26
+DESCRIBE_CONFIGS, ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS, DESCRIBE_CLUSTER = 32, 33, 44, 60
+
 # The first flexible version of the request APIs whose header the front must read past.
-_FIRST_FLEXIBLE_REQUEST = {0: 9, 1: 12, 3: 9, 10: 3, 18: 3, 19: 5, 32: 4, 44: 1}
+FIRST_FLEXIBLE_REQUEST = {
+    PRODUCE: 9,
+    FETCH: 12,
+    METADATA: 9,
+    FIND_COORDINATOR: 3,
+    API_VERSIONS: 3,
+    CREATE_TOPICS: 5,
+    INIT_PRODUCER_ID: 2,
+    DESCRIBE_CONFIGS: 4,
+    INCREMENTAL_ALTER_CONFIGS: 1,
+}
 
 
 def read_request_header(request: bytes) -> RequestHeader:
@@ -186,7 +202,7 @@ def read_request_header(request: bytes) -> RequestHeader:
     reader = Reader(request)
     api_key, api_version, correlation_id = reader.int16(), reader.int16(), reader.int32()
     client_id = reader.nullable_string()
-    flexible_from = _FIRST_FLEXIBLE_REQUEST.get(api_key)
+    flexible_from = FIRST_FLEXIBLE_REQUEST.get(api_key)
     if flexible_from is not None and api_version >= flexible_from:
         reader.skip_tagged_fields()
     return RequestHeader(api_key, api_version, correlation_id, client_id, reader.position)

@@ -64,7 +64,7 @@ from smoothscale.runtime.restore import (
 from smoothscale.runtime.source import write_plan
 from smoothscale.runtime.spark import SPARK_CORES
 from smoothscale.runtime.store import StateChanges, TaskState, task_directory
-from smoothscale.runtime.transactions import OutputRecord, TaskProducer
+from smoothscale.runtime.transactions import OutputRecord, ProducerFenced, TaskProducer
 from smoothscale.runtime.writer import Writer
 from smoothscale.tasks import TaskId, TaskRole
 
@@ -423,6 +423,8 @@ class Instance:
             committed: dict[tuple[str, int], int] = {}
             for task in sorted(set(batch.ends) & set(self._active)):
                 self._commit_task(task, batch)
+                if task not in self._active:
+                    continue  # fenced: another instance owns it
                 for topic, offset in batch.ends[task].items():
                     committed[(topic, task)] = offset
             if committed:
@@ -500,9 +502,13 @@ class Instance:
             if bad and sender is not None:
                 sender(producer, bad)
 
-        delivered = active.producer.commit(
-            {store: [*records, closing, *reclaim]}, outputs, queue_dead_letters
-        )
+        try:
+            delivered = active.producer.commit(
+                {store: [*records, closing, *reclaim]}, outputs, queue_dead_letters
+            )
+        except ProducerFenced as fenced:
+            self._fence(task, f"{fenced}; stopped processing it")
+            return
         changes = StateChanges(
             positions=delivered,
             closed_batches={store: number},
@@ -556,7 +562,13 @@ class Instance:
             if higher is None:
                 return
             if higher > active.writer:
-                self._fence(task, higher)
+                self._fence(
+                    task,
+                    f"task {task}: writer {active.writer} found the records of writer {higher} "
+                    "before its own in the changelog: another instance owns the task; stopped "
+                    "processing it",
+                    higher.epoch,
+                )
                 return
         active.unverified_from = last + 2
         position = active.state.position(self.pipeline.store)
@@ -600,9 +612,10 @@ class Instance:
         finally:
             consumer.unassign()
 
-    def _fence(self, task: TaskId, higher: Writer) -> None:
-        """A higher writer wrote before this instance's records: it is a zombie for the task.
-        Stop processing it, drop its local store (stale), and report `fenced`."""
+    def _fence(self, task: TaskId, error: str, seen_epoch: int | None = None) -> None:
+        """Another instance owns the task (a higher writer wrote before this one's records, or
+        Kafka fenced its producer): this one is a zombie for it. Stop processing it, drop its
+        local store (stale), and report `fenced`, with the higher epoch seen if known."""
         active = self._active.pop(task)
         active.producer.close()
         for topic in self.config.input_topics:
@@ -610,10 +623,6 @@ class Instance:
         self._write_plan()
         positions = active.state.positions()
         active.state.destroy()
-        error = (
-            f"task {task}: writer {active.writer} found the records of writer {higher} before "
-            f"its own in the changelog: another instance owns the task; stopped processing it"
-        )
         log.error("%s", error)
         self._fenced[task] = TaskReport(
             task,
@@ -621,7 +630,7 @@ class Instance:
             active.epoch,
             self.assignment.generation,
             positions,
-            seen_epoch=higher.epoch,
+            seen_epoch=seen_epoch,
             error=error,
         )
         self.metrics.forget_task(task)

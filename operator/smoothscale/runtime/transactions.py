@@ -6,8 +6,10 @@ its open transaction. One micro-batch of one task is one transaction: the change
 the keys it changed, the input-position record, the output records and the task's dead letters.
 Nothing is applied to the local store before the transaction has committed.
 
-The test brokers do not fence (../shared/ENVIRONMENT.md); correctness does not depend on it,
-see the epochs in `changelog` and docs/runtime.md.
+A fenced producer's commit raises ProducerFenced, so that its instance stops the task (and
+only that task). The local stack's Kafka front fences as Kafka does; the mock brokers behind it
+do not (../shared/ENVIRONMENT.md), and correctness never depends on fencing alone: see the
+epochs in `changelog` and docs/runtime.md.
 """
 
 import contextlib
@@ -31,6 +33,16 @@ OutputRecord = tuple[str, Any]
 
 class TransactionError(RuntimeError):
     """A task's transaction did not commit; nothing of it is visible to read_committed readers."""
+
+
+class ProducerFenced(TransactionError):
+    """Kafka refused the transaction because a newer producer of the task's transactional.id
+    was initialised: another instance has taken the task over."""
+
+
+_FENCED_CODES = frozenset(
+    {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+)
 
 
 class TaskProducer:
@@ -118,13 +130,14 @@ class TaskProducer:
             if self._producer.flush(self._timeout):
                 raise TransactionError(f"task {self.task}: records not delivered in time")
             if failures:
-                raise TransactionError(f"task {self.task}: Kafka refused a record: {failures[0]}")
+                raise _failed(self.task, "Kafka refused a record", failures[0])
             self._producer.commit_transaction(self._timeout)
-        except (KafkaException, TransactionError) as error:
+        except TransactionError:
             self._abort()
-            if isinstance(error, TransactionError):
-                raise
-            raise TransactionError(f"task {self.task}: the transaction failed: {error}") from error
+            raise
+        except KafkaException as error:
+            self._abort()
+            raise _failed(self.task, "the transaction failed", error.args[0]) from error
         self.delivered_offsets = {store: sorted(found) for store, found in offsets.items()}
         return delivered
 
@@ -159,3 +172,12 @@ class TaskProducer:
 
     def close(self) -> None:
         self._producer.flush(self._timeout)
+
+
+def _failed(task: TaskId, what: str, error: object) -> TransactionError:
+    if isinstance(error, KafkaError) and error.code() in _FENCED_CODES:
+        return ProducerFenced(
+            f"task {task}: Kafka fenced its producer (a newer owner initialised the task's "
+            f"transactional.id): {error.str()}"
+        )
+    return TransactionError(f"task {task}: {what}: {error}")
