@@ -212,7 +212,10 @@ def test_an_active_pod_killed_mid_batch_fails_its_tasks_over_at_once_exactly(
         running.feed.start()
         watcher.hold()
 
-        victim = f"{APP_NAME}-1"  # SIGKILL, no chance to release or commit: as a node dies
+        # Force-deleted: the pod object goes at once and its tasks fail over, but its process
+        # lives out its grace period (as under a real kubelet), finishing the batch in flight:
+        # Kafka must fence it, or it commits after its successor's marker (two owners).
+        victim = f"{APP_NAME}-1"
         with running.phase("failover"):
             running.kubectl("delete", "pod", "-n", NAMESPACE, victim, "--grace-period=0", "--force")
             watcher.run_until(lambda: "warning FailedOver" in out.getvalue(), "the failover")

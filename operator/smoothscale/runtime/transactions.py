@@ -137,7 +137,8 @@ class TaskProducer:
             raise
         except KafkaException as error:
             self._abort()
-            raise _failed(self.task, "the transaction failed", error.args[0]) from error
+            cause = error.args[0] if error.args else error
+            raise _failed(self.task, "the transaction failed", cause) from error
         self.delivered_offsets = {store: sorted(found) for store, found in offsets.items()}
         return delivered
 
@@ -175,6 +176,7 @@ class TaskProducer:
 
 
 def _failed(task: TaskId, what: str, error: object) -> TransactionError:
+    """The error to raise for a failed transaction: ProducerFenced when Kafka fenced it."""
     if isinstance(error, KafkaError) and error.code() in _FENCED_CODES:
         return ProducerFenced(
             f"task {task}: Kafka fenced its producer (a newer owner initialised the task's "
