@@ -109,10 +109,20 @@ def until_active(instance: Instance, tasks: dict[int, int]) -> None:
     wait_for(lambda: ticked(instance).active_tasks() == tasks, 10, f"tasks {tasks} active")
 
 
-def feed(instance: Instance, limit: int = 50) -> int:
+def feed(instance: Instance, limit: int = 50, tick: bool = True) -> int:
     """Run one micro-batch the way the worker does, without Spark: read the active tasks' input
-    from their positions, count per user and partition, and commit. Returns records read."""
-    instance.tick()
+    from their positions, count per user and partition, commit, and end with the batch's
+    `after_batch`. Returns records read. `tick`: the worker's main thread ticks just before
+    (False: batches run back to back, as on a busy instance)."""
+    if tick:
+        instance.tick()
+    with instance.lock:
+        read = _batch(instance, limit)
+        instance.after_batch()
+    return read
+
+
+def _batch(instance: Instance, limit: int) -> int:
     config = instance.config
     starts = instance.read_from()
     if not starts:

@@ -121,6 +121,52 @@ def test_hand_over_between_two_instances_keeps_the_state_exact(
         assert seen == sorted(set(seen)), f"{user}: a total was emitted twice or went back"
 
 
+def test_busy_instances_hand_a_task_over_between_two_of_their_batches(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    """On a busy instance micro-batches run back to back and the main thread's tick rarely gets
+    in between: the release and the activation happen at the end of a batch, and the new
+    owner's plan holds the task before Spark plans its next batch."""
+    config = app_config(embedded_kafka, tmp_path)
+    topic = config.input_topics[0]
+    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
+    operator.write("pod-a", Assignment(generation=1, tasks={1: active(1)}))
+    operator.write("pod-b", Assignment(generation=1, tasks={0: active(1), 1: warmup(1)}))
+    produced = users_batch(300)
+    produce_users(config, produced[:200])
+    with running(for_instance(config, "pod-a")) as a, running(for_instance(config, "pod-b")) as b:
+        until_active(a, {1: 1})
+        until_active(b, {0: 1})
+        while feed(a, tick=False) + feed(b, tick=False):
+            pass
+        # From here on no tick: only batches.
+        operator.write("pod-a", Assignment(generation=2))
+        produce_users(config, produced[200:250])
+        wait_for(lambda: feed(a, tick=False) >= 0 and not a.active_tasks(), 10, "the release")
+        released = reader.reports("pod-a", PARTITIONS)[1]
+        assert released.role is ReportedRole.RELEASED
+        operator.write(
+            "pod-b",
+            Assignment(generation=2, tasks={0: active(1), 1: active(2, dict(released.positions))}),
+        )
+        wait_for(
+            lambda: feed(b, tick=False) >= 0 and b.active_tasks() == {0: 1, 1: 2},
+            10,
+            "the activation",
+        )
+        planned = read_plan(b.plan_path).partitions
+        produce_users(config, produced[250:])
+        while feed(a, tick=False) + feed(b, tick=False):
+            pass
+        state = {**b.state_snapshot(0), **b.state_snapshot(1)}
+    operator.close()
+    reader.close()
+
+    assert f"{topic}:1" in planned
+    assert state == dict(Counter(produced))
+
+
 def test_an_unfenced_zombie_owner_cannot_corrupt_the_state(
     embedded_kafka: EmbeddedKafka, tmp_path: Path
 ) -> None:

@@ -91,6 +91,11 @@ MARKER_NEAR_OFFSETS = 16
 between what the restore loop had read and the marker's end (the marker, its transaction's
 commit, a few stray records): a longer restore through it goes on in the background."""
 
+TARGET_NEAR_OFFSETS = 5_000
+"""An activation's restore target at most this many changelog offsets ahead of what the
+restore loop has read (a caught-up warm-up's distance: the old owner's last batches) is waited
+for within the tick, up to MARKER_READ_SECONDS; a farther one restores in the background."""
+
 WARM_UP_RECORDS = 1_000
 """Recent input records a new instance reads once, and discards, to warm its query."""
 
@@ -192,6 +197,9 @@ class Instance:
         """The assignment applied last (an empty one until the first arrives)."""
         self._applied_generation = -1
         self._pending: Assignment | None = None
+        self._pending_lock = threading.Lock()
+        """Guards `_pending` and the follower: the main thread's tick and the micro-batch's
+        `after_batch` both poll it."""
         self._active: dict[TaskId, _Active] = {}
         self._activating: dict[TaskId, _Activation] = {}
         self._released: dict[TaskId, TaskReport] = {}
@@ -291,29 +299,49 @@ class Instance:
             )
 
     def tick(self) -> None:
-        """Called often by one thread (the worker's main thread): between micro-batches, apply
-        a new assignment, activate caught-up tasks, report progress. Never runs during a batch:
-        if one is in flight, it returns and the next call does the work."""
+        """Called often by the worker's main thread: between micro-batches, apply a new
+        assignment, activate caught-up tasks, report progress. Never runs during a batch: if
+        one is in flight, it returns and the next call (or the batch's own `after_batch`)
+        does the work."""
         if self._restore.error is not None:
             raise RuntimeError("the restore loop failed") from self._restore.error
-        newest = self._follower.poll(timeout=0)
-        if newest is not None:
-            self._pending = newest
+        self._poll_assignment()
         # A batch in flight holds the lock: try again at the next tick rather than queue up
         # behind it, so the caller stays responsive (SIGTERM).
         if not self.lock.acquire(timeout=TICK_LOCK_SECONDS):
             return
         try:
-            if self.stopping:
-                return
-            if self._pending is not None:
-                assignment, self._pending = self._pending, None
-                self._apply(assignment)
-            self._activate_caught_up()
-            if time.monotonic() - self._last_report >= self.config.report_interval:
-                self._report()
+            self._between_batches()
         finally:
             self.lock.release()
+
+    def after_batch(self) -> None:
+        """Called by the micro-batch at its end, still holding the lock, before Spark plans
+        the next one: the tick's work, done there. On a busy instance batches run back to
+        back, and a main-thread tick often comes only after Spark has planned the next batch
+        from the old plan: a task handed over during a batch would then sit out one more
+        batch on both sides (on its old owner, read and dropped; on its new one, not read)."""
+        self._poll_assignment()
+        self._between_batches()
+
+    def _poll_assignment(self) -> None:
+        """Take the newest assignment the operator wrote, if any, as the one to apply next."""
+        with self._pending_lock:
+            newest = self._follower.poll(timeout=0)
+            if newest is not None:
+                self._pending = newest
+
+    def _between_batches(self) -> None:
+        """Apply the pending assignment, step activations, report when due (holding the lock)."""
+        if self.stopping:
+            return
+        with self._pending_lock:
+            assignment, self._pending = self._pending, None
+        if assignment is not None:
+            self._apply(assignment)
+        self._activate_caught_up()
+        if time.monotonic() - self._last_report >= self.config.report_interval:
+            self._report()
 
     def shutdown(self, timeout: float) -> bool:
         """Release every task and close everything. Waits up to `timeout` for a batch in
@@ -693,9 +721,12 @@ class Instance:
         its target -> write its epoch marker (or refuse a stale epoch); restored through its
         marker -> active. Neither step waits for a restore: a task that needs a long one stays
         activating (reported as a warm-up with its progress) while the other tasks keep
-        processing. Reading back a marker written right after what was restored is one fetch,
-        so that much is waited for here: the task turns active in this tick, not after the next
-        micro-batch."""
+        processing. A target or marker just ahead of what the loop has read (the old owner's
+        last batch, the marker's own transaction) is one or two fetches away, so that much is
+        waited for here: the task turns active in this tick, not after the next micro-batch."""
+        near = self._near_targets()
+        if near:
+            self._restore.wait_until_read(near, MARKER_READ_SECONDS)
         marked = self._step_activations()
         if marked:
             self._restore.wait_until_read(
@@ -703,6 +734,21 @@ class Instance:
                 MARKER_READ_SECONDS,
             )
             self._step_activations()
+
+    def _near_targets(self) -> dict[TaskId, dict[str, int]]:
+        """The restore targets of unmarked activations that lie at most TARGET_NEAR_OFFSETS
+        changelog offsets ahead of what the restore loop has read."""
+        positions = self._restore.read_positions()
+        near: dict[TaskId, dict[str, int]] = {}
+        for task, activation in self._activating.items():
+            reached = positions.get(task)
+            if activation.marked is not None or reached is None:
+                continue
+            wanted = activation.waits_for()
+            unread = sum(max(0, o - reached.get(s, 0)) for s, o in wanted.items())
+            if 0 < unread <= TARGET_NEAR_OFFSETS:
+                near[task] = wanted
+        return near
 
     def _step_activations(self) -> list[TaskId]:
         """One step of every activating task the restore loop has read far enough for; returns

@@ -60,28 +60,33 @@ class MicroBatch:
         with self.instance.lock:
             if self.instance.stopping:
                 return
-            started = time.monotonic()
-            warm_up = self.instance.warm_up_from()
-            if warm_up:
-                self._warm(batch, warm_up)
-            read_from = self.instance.read_from()
-            if not read_from:
+            self._run(batch, batch_id)
+            self.instance.after_batch()
+
+    def _run(self, batch: "DataFrame", batch_id: int) -> None:
+        """The batch itself: the warm-up sample if it is due, then the active tasks' rows."""
+        started = time.monotonic()
+        warm_up = self.instance.warm_up_from()
+        if warm_up:
+            self._warm(batch, warm_up)
+        read_from = self.instance.read_from()
+        if not read_from:
+            return
+        # The rows are read from the source and parsed once, for every job of the batch.
+        classified = classify(batch.where(_at_or_after(read_from)), self.pipeline).persist()
+        try:
+            collected = self._collect(classified, batch.columns)
+            if collected is None:
                 return
-            # The rows are read from the source and parsed once, for every job of the batch.
-            classified = classify(batch.where(_at_or_after(read_from)), self.pipeline).persist()
-            try:
-                collected = self._collect(classified, batch.columns)
-                if collected is None:
-                    return
-                self.metrics.count_dead_letters(
-                    str(row["reason"]) for rows in collected.dead_letters.values() for row in rows
-                )
-                self.instance.commit_batch(collected)
-            finally:
-                classified.unpersist()
-                self.instance.last_read = time.monotonic()
-            self.metrics.observe_batch(time.monotonic() - started)
-            log.debug("batch %d: %s records", batch_id, sum(collected.counts.values()))
+            self.metrics.count_dead_letters(
+                str(row["reason"]) for rows in collected.dead_letters.values() for row in rows
+            )
+            self.instance.commit_batch(collected)
+        finally:
+            classified.unpersist()
+            self.instance.last_read = time.monotonic()
+        self.metrics.observe_batch(time.monotonic() - started)
+        log.debug("batch %d: %s records", batch_id, sum(collected.counts.values()))
 
     def _warm(self, batch: "DataFrame", sample: Mapping[tuple[str, int], int]) -> None:
         """Run the whole path of a real batch over the warm-up sample, the same Spark jobs in
