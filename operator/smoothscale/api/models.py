@@ -427,8 +427,9 @@ class PipelineSpec(ApiModel):
     """The pipeline factory as `module:callable`, e.g. `examples.pipelines.running_count:pipeline`;
     the module must be importable in the image."""
     trigger_interval: Duration = timedelta(seconds=1)
-    """How often a micro-batch starts (Spark's processing-time trigger); 0s starts the next
-    micro-batch as soon as the previous one is done."""
+    """How often a micro-batch starts; a task just handed over to an instance starts at once
+    instead of at the next one. 0s starts the next micro-batch as soon as the previous one is
+    done."""
 
 
 class SecurityProtocol(StrEnum):

@@ -67,6 +67,7 @@ TOPICS_OPTION = "topics"
 PLAN_PATH_OPTION = "plan.path"
 MAX_RECORDS_OPTION = "max.records.per.partition"
 READ_TIMEOUT_OPTION = "read.timeout.seconds"
+BATCH_INTERVAL_OPTION = "batch.interval.seconds"
 KAFKA_OPTION_PREFIX = "kafka."
 
 DEFAULT_READ_TIMEOUT_SECONDS = 60.0
@@ -195,6 +196,9 @@ class SourceOptions:
     plan_path: str
     max_records_per_partition: int | None
     read_timeout_seconds: float
+    batch_interval_seconds: float | None
+    """The least time between two micro-batches that read data, except for a partition new in
+    the plan (see KafkaStreamReader.latestOffset); None: every trigger may plan one."""
     kafka_config: Mapping[str, str]
 
     @classmethod
@@ -217,6 +221,7 @@ class SourceOptions:
             max_records_per_partition=_positive_int(options, MAX_RECORDS_OPTION),
             read_timeout_seconds=_positive_float(options, READ_TIMEOUT_OPTION)
             or DEFAULT_READ_TIMEOUT_SECONDS,
+            batch_interval_seconds=_positive_float(options, BATCH_INTERVAL_OPTION),
             kafka_config={
                 name[len(KAFKA_OPTION_PREFIX) :]: value
                 for name, value in options.items()
@@ -283,6 +288,8 @@ class KafkaStreamReader(DataSourceStreamReader):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._admin: confluent_kafka.admin.AdminClient | None = None
+        self._planned_at: float | None = None
+        """When the last micro-batch with something new was planned (monotonic)."""
 
     def initialOffset(self) -> dict[str, Any]:
         plan = self._plan()
@@ -296,20 +303,43 @@ class KafkaStreamReader(DataSourceStreamReader):
 
         Spark's read limit is not used: the source's own cap, max.records.per.partition,
         bounds every batch (a bounded batch is what keeps a hand-over short).
+
+        With batch.interval.seconds the source paces the batches itself, and Spark asks it
+        as often as its polling delay (the worker's query has a 0 s trigger): a batch that
+        reads something new is planned at most once per interval (`start` returned as it is
+        tells Spark there is nothing new yet), except when a partition is new in the plan or
+        restarted from its plan start (a task just taken over, a warm-up sample). That one is
+        planned at once, with everything else: a task handed over waits for no trigger.
         """
         plan = self._plan()
         names = sorted(plan.partitions)
+        seen = {
+            name: {"start": plan.partitions[name], "activation": plan.activation(name)}
+            for name in names
+        }
+        if self._paced() and all(_continues(name, seen[name], start) for name in names):
+            return start
         ends = self._end_offsets(names)
         cap = self.options.max_records_per_partition
         latest: dict[str, Any] = {}
         for name in names:
-            seen = {"start": plan.partitions[name], "activation": plan.activation(name)}
-            begin = _range_start(name, seen, start)
+            begin = _range_start(name, seen[name], start)
             end = max(begin, ends.get(name, begin))
             if cap is not None:
                 end = min(end, begin + cap)
-            latest[name] = {"next": end, **seen}
+            latest[name] = {"next": end, **seen[name]}
+        if latest != start:
+            self._planned_at = time.monotonic()
         return latest
+
+    def _paced(self) -> bool:
+        """Whether the batch interval since the last batch planned has not run out yet."""
+        interval = self.options.batch_interval_seconds
+        return (
+            interval is not None
+            and self._planned_at is not None
+            and time.monotonic() - self._planned_at < interval
+        )
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[KafkaRange]:
         ranges = []
@@ -410,19 +440,26 @@ class KafkaStreamReader(DataSourceStreamReader):
         return topic_partition.partition in topic.partitions
 
 
-def _range_start(
+def _continues(
     name: TopicPartitionName, seen: Mapping[str, Any], previous: Mapping[str, Any]
-) -> int:
-    """Where a partition's next range begins, given the plan's start offset and activation
-    (`seen`) and the previous batch's end offsets: where the last range ended, unless the
-    partition is new to the reader or its start or activation changed (then the plan's start)."""
+) -> bool:
+    """Whether a partition goes on from where the previous batch ended (`previous`, its end
+    offsets): it was planned with the same plan start offset and activation as now (`seen`).
+    Otherwise it is new to the reader or restarted, and read from the plan's start."""
     before = previous.get(name)
-    if (
+    return (
         isinstance(before, dict)
         and before.get("start") == seen["start"]
         and before.get("activation", 0) == seen.get("activation", 0)
-    ):
-        return int(before["next"])
+    )
+
+
+def _range_start(
+    name: TopicPartitionName, seen: Mapping[str, Any], previous: Mapping[str, Any]
+) -> int:
+    """Where a partition's next range begins (see _continues)."""
+    if _continues(name, seen, previous):
+        return int(previous[name]["next"])
     return int(seen["start"])
 
 

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 SPARK_CORES = 2
 """Tasks the instance's Spark runs at once (`local[SPARK_CORES]`): one per input partition read,
 each in a Python worker of its own."""
+SOURCE_POLL_SECONDS = 0.2
+"""How often a query with nothing new to read asks its source again (Spark's polling delay)."""
 DRIVER_MEMORY = "512m"
 """Heap of the instance's driver JVM; its state lives in the embedded store, off the JVM heap."""
 
@@ -43,6 +45,9 @@ def local_session(app_name: str, *, shuffle_partitions: int = 2) -> "SparkSessio
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.streaming.stopTimeout", "30s")
+        # How soon a query with a 0 s trigger asks its source again after finding nothing new:
+        # the instance's source paces its own batches, this is how often it is asked.
+        .config("spark.sql.streaming.pollingDelay", f"{round(SOURCE_POLL_SECONDS * 1000)}ms")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")

@@ -29,6 +29,7 @@ from smoothscale.runtime.decode import classify
 from smoothscale.runtime.instance import BatchInput, DeadLetterSender, Instance
 from smoothscale.runtime.metrics import InstanceMetrics, start_http_server
 from smoothscale.runtime.pipeline import Pipeline, load_pipeline
+from smoothscale.runtime.source import BATCH_INTERVAL_OPTION
 
 if TYPE_CHECKING:
     from confluent_kafka import Producer
@@ -409,12 +410,16 @@ def _start_query(
         .option("plan.path", str(instance.plan_path))
         .option("max.records.per.partition", str(config.max_records_per_partition))
     )
+    if config.trigger_interval > 0:
+        # The source paces the batches (see KafkaStreamReader.latestOffset), so that a task
+        # taken over starts at once instead of at the next trigger; Spark only polls it.
+        reader = reader.option(BATCH_INTERVAL_OPTION, str(config.trigger_interval))
     for name, value in config.kafka_config.items():
         reader = reader.option(f"kafka.{name}", value)
     query = (
         reader.load()
         .writeStream.foreachBatch(MicroBatch(instance, pipeline, metrics))
-        .trigger(processingTime=f"{config.trigger_interval} seconds")
+        .trigger(processingTime="0 seconds")
         .option("checkpointLocation", checkpoint)
         .start()
     )
