@@ -321,6 +321,8 @@ class Instance:
         back, and a main-thread tick often comes only after Spark has planned the next batch
         from the old plan: a task handed over during a batch would then sit out one more
         batch on both sides (on its old owner, read and dropped; on its new one, not read)."""
+        if self._closed:
+            return  # a shutdown that gave up waiting for this batch closed the channels
         self._poll_assignment()
         self._between_batches()
 
