@@ -167,6 +167,29 @@ def test_busy_instances_hand_a_task_over_between_two_of_their_batches(
     assert state == dict(Counter(produced))
 
 
+def test_an_activation_is_reported_at_once_not_at_the_next_report_interval(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    """The operator ends a hand-over, and drains the old owner's pod, on the new owner's report
+    that the task is active; progress reports are otherwise sent once per report_interval."""
+    config = for_instance(app_config(embedded_kafka, tmp_path), "pod-a").model_copy(
+        update={"report_interval": 600.0}
+    )
+    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
+    operator.write("pod-a", Assignment(generation=1, tasks={0: active(1), 1: active(1)}))
+    with running(config) as a:
+        until_active(a, {0: 1, 1: 1})
+        reports = reader.reports("pod-a", PARTITIONS)
+    operator.close()
+    reader.close()
+
+    assert {task: report.role for task, report in reports.items()} == {
+        0: ReportedRole.ACTIVE,
+        1: ReportedRole.ACTIVE,
+    }
+
+
 def test_an_unfenced_zombie_owner_cannot_corrupt_the_state(
     embedded_kafka: EmbeddedKafka, tmp_path: Path
 ) -> None:

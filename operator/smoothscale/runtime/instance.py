@@ -726,6 +726,7 @@ class Instance:
         processing. A target or marker just ahead of what the loop has read (the old owner's
         last batch, the marker's own transaction) is one or two fetches away, so that much is
         waited for here: the task turns active in this tick, not after the next micro-batch."""
+        active_before = len(self._active)
         near = self._near_targets()
         if near:
             self._restore.wait_until_read(near, MARKER_READ_SECONDS)
@@ -736,6 +737,10 @@ class Instance:
                 MARKER_READ_SECONDS,
             )
             self._step_activations()
+        if len(self._active) > active_before:
+            # The operator ends the hand-over (and drains the old owner's pod) on this report:
+            # sent now, not at the next report interval.
+            self._report(with_input_lag=False)
 
     def _near_targets(self) -> dict[TaskId, dict[str, int]]:
         """The restore targets of unmarked activations that lie at most TARGET_NEAR_OFFSETS
