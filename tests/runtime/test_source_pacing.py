@@ -16,7 +16,8 @@ from smoothscale.kafka.embedded import EmbeddedKafka
 from smoothscale.runtime.source import KafkaStreamReader, SourceError, SourceOptions, write_plan
 from tests.runtime.kafka_helpers import unique
 
-INTERVAL = 2.0
+INTERVAL = 5.0
+"""Long enough that the calls meant to fall within it do, on a loaded machine."""
 
 
 def produce(kafka: EmbeddedKafka, topic: str, partition: int, records: int) -> None:
@@ -36,6 +37,15 @@ def reader(kafka: EmbeddedKafka, topic: str, plan: Path, **options: str) -> Kafk
     )
 
 
+def planned_topic(kafka: EmbeddedKafka, tmp_path: Path, partitions: int) -> tuple[str, Path]:
+    """A new topic, and a plan file holding its partition 0 from offset 0."""
+    topic = unique("paced")
+    kafka.create_topic(topic, partitions)
+    plan = tmp_path / "plan.json"
+    write_plan(plan, {(topic, 0): 0}, version=1)
+    return topic, plan
+
+
 def nexts(offsets: dict[str, Any]) -> dict[str, int]:
     return {name: position["next"] for name, position in offsets.items()}
 
@@ -43,10 +53,7 @@ def nexts(offsets: dict[str, Any]) -> dict[str, int]:
 def test_new_input_waits_for_the_interval_but_a_partition_taken_over_is_planned_at_once(
     embedded_kafka: EmbeddedKafka, tmp_path: Path
 ) -> None:
-    topic = unique("paced")
-    embedded_kafka.create_topic(topic, 2)
-    plan = tmp_path / "plan.json"
-    write_plan(plan, {(topic, 0): 0}, version=1)
+    topic, plan = planned_topic(embedded_kafka, tmp_path, 2)
     produce(embedded_kafka, topic, 0, 5)
     produce(embedded_kafka, topic, 1, 3)
     source = reader(embedded_kafka, topic, plan, **{"batch.interval.seconds": str(INTERVAL)})
@@ -74,10 +81,7 @@ def test_new_input_waits_for_the_interval_but_a_partition_taken_over_is_planned_
 def test_without_an_interval_every_call_plans_what_is_new(
     embedded_kafka: EmbeddedKafka, tmp_path: Path
 ) -> None:
-    topic = unique("unpaced")
-    embedded_kafka.create_topic(topic, 1)
-    plan = tmp_path / "plan.json"
-    write_plan(plan, {(topic, 0): 0}, version=1)
+    topic, plan = planned_topic(embedded_kafka, tmp_path, 1)
     produce(embedded_kafka, topic, 0, 5)
     source = reader(embedded_kafka, topic, plan)
 
