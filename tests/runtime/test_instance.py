@@ -619,5 +619,9 @@ def test_a_task_turns_active_in_the_tick_that_writes_its_marker(
     operator.close()
     with running(for_instance(config, "pod-a")) as instance:
         after_one_tick = instance.active_tasks()
+        plan = read_plan(instance.plan_path)
 
     assert after_one_tick == {0: 1, 1: 1}
+    # ... and the source sees them in one plan, the first after start's empty one: it starts
+    # a batch as soon as it sees a new partition, which must not be with only one of them.
+    assert (plan.version, len(plan.partitions)) == (2, 2)

@@ -738,6 +738,9 @@ class Instance:
             )
             self._step_activations()
         if len(self._active) > active_before:
+            # One plan for every task this tick activated: the source, which plans a batch as
+            # soon as it sees a new partition, must not start one with only the first of them.
+            self._write_plan()
             # The operator ends the hand-over (and drains the old owner's pod) on this report:
             # sent now, not at the next report interval.
             self._report(with_input_lag=False)
@@ -846,7 +849,6 @@ class Instance:
         for topic in self.config.input_topics:
             self._plan_starts[(topic, task)] = state.input_positions()[topic]
             self._activations[(topic, task)] = self._activations.get((topic, task), 0) + 1
-        self._write_plan()
         log.info("task %d active as writer %s from %s", task, writer, state.input_positions())
 
     def _change_epoch(self, task: TaskId, epoch: int) -> None:
