@@ -7,6 +7,7 @@ through the operator's channels; the Spark half of a micro-batch is replaced by 
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from smoothscale.demo.timeline import read_timelines
@@ -18,7 +19,7 @@ from smoothscale.runtime.changelog import closer, data, marker
 from smoothscale.runtime.restore import catch_up
 from smoothscale.runtime.source import read_plan
 from smoothscale.runtime.store import TaskState
-from smoothscale.runtime.transactions import TaskProducer
+from smoothscale.runtime.transactions import TaskProducer, TransactionError
 from smoothscale.runtime.writer import Writer
 from smoothscale.tasks import TaskRole
 from tests.runtime.instance_helpers import (
@@ -188,6 +189,32 @@ def test_an_activation_is_reported_at_once_not_at_the_next_report_interval(
         0: ReportedRole.ACTIVE,
         1: ReportedRole.ACTIVE,
     }
+
+
+def test_an_epoch_marker_transaction_that_fails_once_is_tried_again(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transaction can fail for a passing reason (a request timed out on a loaded broker;
+    seen in CI as a record purged from the producer's queue): the activation tries again
+    instead of stopping the worker, which would cost a Spark start."""
+    commit = TaskProducer.commit
+    failed: list[int] = []
+
+    def fails_once(producer: TaskProducer, *args: object, **kwargs: object) -> object:
+        if not failed:
+            failed.append(producer.task)
+            raise TransactionError(f"task {producer.task}: Kafka refused a record: purged")
+        return commit(producer, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(TaskProducer, "commit", fails_once)
+    config = for_instance(app_config(embedded_kafka, tmp_path), "pod-a")
+    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    operator.write("pod-a", Assignment(generation=1, tasks={0: active(1)}))
+    operator.close()
+    with running(config) as a:
+        until_active(a, {0: 1})
+
+    assert failed == [0]
 
 
 def test_an_unfenced_zombie_owner_cannot_corrupt_the_state(

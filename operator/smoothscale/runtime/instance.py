@@ -64,7 +64,12 @@ from smoothscale.runtime.restore import (
 from smoothscale.runtime.source import write_plan
 from smoothscale.runtime.spark import SPARK_CORES
 from smoothscale.runtime.store import StateChanges, TaskState, task_directory
-from smoothscale.runtime.transactions import OutputRecord, ProducerFenced, TaskProducer
+from smoothscale.runtime.transactions import (
+    OutputRecord,
+    ProducerFenced,
+    TaskProducer,
+    TransactionError,
+)
 from smoothscale.runtime.writer import Writer
 from smoothscale.tasks import TaskId, TaskRole
 
@@ -90,6 +95,10 @@ MARKER_NEAR_OFFSETS = 16
 """A marker is read back within the tick only when at most this many changelog offsets lie
 between what the restore loop had read and the marker's end (the marker, its transaction's
 commit, a few stray records): a longer restore through it goes on in the background."""
+
+MARKER_ATTEMPTS = 3
+"""Transactions an activation tries for its epoch marker before the error stops the worker: a
+transaction can fail for a passing reason (a request timed out on a loaded broker)."""
 
 TARGET_NEAR_OFFSETS = 5_000
 """An activation's restore target at most this many changelog offsets ahead of what the
@@ -817,10 +826,16 @@ class Instance:
         applies it too); whatever it commits after it is ignored."""
         writer = Writer.next_after(epoch, state.highest_writer())
         producer = TaskProducer(self.config, task, epoch)
-        through = producer.commit(
-            {store: [marker(writer, self.config.instance_id)] for store in state.stores}
-        )
-        return _Marked(writer, producer, through)
+        markers = {store: [marker(writer, self.config.instance_id)] for store in state.stores}
+        for _attempt in range(1, MARKER_ATTEMPTS):
+            try:
+                return _Marked(writer, producer, producer.commit(markers))
+            except ProducerFenced:
+                raise
+            except TransactionError as error:
+                # Aborted (commit aborts a failed transaction): readers never see it.
+                log.warning("task %d: the epoch marker was not written (%s): again", task, error)
+        return _Marked(writer, producer, producer.commit(markers))
 
     def _activate(self, task: TaskId, marked: _Marked, state: TaskState) -> None:
         """Make a task restored through its own marker active."""
