@@ -827,7 +827,7 @@ class Instance:
         writer = Writer.next_after(epoch, state.highest_writer())
         producer = TaskProducer(self.config, task, epoch)
         markers = {store: [marker(writer, self.config.instance_id)] for store in state.stores}
-        for _attempt in range(1, MARKER_ATTEMPTS):
+        for _ in range(MARKER_ATTEMPTS - 1):
             try:
                 return _Marked(writer, producer, producer.commit(markers))
             except ProducerFenced:
