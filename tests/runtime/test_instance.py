@@ -204,7 +204,7 @@ def test_an_epoch_marker_transaction_that_fails_once_is_tried_again(
         if not failed:
             failed.append(producer.task)
             raise TransactionError(f"task {producer.task}: Kafka refused a record: purged")
-        return commit(producer, *args, **kwargs)  # type: ignore[arg-type]
+        return commit(producer, *args, **kwargs)
 
     monkeypatch.setattr(TaskProducer, "commit", fails_once)
     config = for_instance(app_config(embedded_kafka, tmp_path), "pod-a")

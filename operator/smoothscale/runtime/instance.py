@@ -757,6 +757,8 @@ class Instance:
     def _near_targets(self) -> dict[TaskId, dict[str, int]]:
         """The restore targets of unmarked activations that lie at most TARGET_NEAR_OFFSETS
         changelog offsets ahead of what the restore loop has read."""
+        if not self._activating:
+            return {}  # every tick asks: no need to contend for the restore loop's lock
         positions = self._restore.read_positions()
         near: dict[TaskId, dict[str, int]] = {}
         for task, activation in self._activating.items():
