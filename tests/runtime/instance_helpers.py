@@ -1,9 +1,10 @@
 """A stand-in for the Spark half of the worker, and the operator's half of the protocol, so the
 instance state machine can be tested in-process against the embedded Kafka."""
 
+import dataclasses
 import json
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -14,8 +15,9 @@ from smoothscale.devcluster.kafkafront import KafkaFront
 from smoothscale.kafka import names
 from smoothscale.kafka.embedded import EmbeddedKafka
 from smoothscale.runtime.config import WorkerConfig
-from smoothscale.runtime.instance import BatchInput, Instance
+from smoothscale.runtime.instance import BatchInput, DeadLetterSender, Instance
 from smoothscale.runtime.metrics import InstanceMetrics
+from smoothscale.runtime.pipeline import Output, Pipeline
 from tests.runtime.kafka_helpers import read_committed, unique, wait_for
 
 PARTITIONS = 2
@@ -87,9 +89,36 @@ def users_batch(n: int, start: int = 0) -> list[str]:
     return [f"user-{(start + i) % 7}" for i in range(n)]
 
 
+def cycling_count() -> Pipeline:
+    """The running count modulo 3, the key deleted whenever it comes back to 0: a pipeline
+    that deletes keys all the time (the running count never does)."""
+
+    def apply(user: str, old: int | None, update: int) -> tuple[int | None, list[Output]]:
+        total = ((old or 0) + update) % 3
+        return (total or None), [(user, total)]
+
+    return dataclasses.replace(running_count(), apply=apply)
+
+
+def cycling_reference(users: Iterable[str]) -> dict[str, int]:
+    """The state `cycling_count` holds after `users`, each applied once."""
+    counts = Counter(users)
+    return {user: count % 3 for user, count in counts.items() if count % 3}
+
+
 @contextmanager
-def running(config: WorkerConfig) -> Iterator[Instance]:
-    instance = Instance(config, running_count(), InstanceMetrics(), config.state_dir / "plan.json")
+def running(
+    config: WorkerConfig,
+    pipeline: Pipeline | None = None,
+    send_dead_letters: DeadLetterSender | None = None,
+) -> Iterator[Instance]:
+    instance = Instance(
+        config,
+        pipeline or running_count(),
+        InstanceMetrics(),
+        config.state_dir / "plan.json",
+        send_dead_letters,
+    )
     config.state_dir.mkdir(parents=True, exist_ok=True)
     instance.start(first_assignment_timeout=5)
     try:

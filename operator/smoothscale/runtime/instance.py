@@ -142,8 +142,9 @@ class _Active:
     last_closer: bytes | None = None
     """The key of the writer's last closer, which its next closer supersedes."""
     unverified_from: int = 0
-    """The pipeline store's changelog offset from which no write is verified yet: nobody
-    above this writer wrote before it."""
+    """The pipeline store's changelog offset right after the writer's last verified record
+    (nobody above this writer wrote before it): from here on, nothing is verified yet, the
+    slot of that record's commit marker included."""
     unverified: list[tuple[int, list[bytes]]] = field(default_factory=list)
     """Per committed batch not verified yet: the offset after its transaction, and the record
     keys it superseded (garbage once the batch is verified)."""
@@ -576,6 +577,8 @@ class Instance:
         garbage = state.garbage(store, TOMBSTONES_PER_BATCH)
         chosen = set(garbage)
         reclaim = [tombstone(writer, key) for key in garbage]
+        # Superseded by batches not verified yet: not garbage yet, but not gone either.
+        unverified = {key for _end, keys in active.unverified for key in keys}
         deletes: set[bytes] = set()
         for key in garbage:
             state_key = state_key_of(key)
@@ -584,7 +587,10 @@ class Instance:
             [current] = state.record_keys(store, [state_key])
             if current is None or state.get(store, state_key) is not None:
                 continue
-            older = state.garbage(store, len(chosen) + 1, b"d:" + state_key + b"@")
+            prefix = b"d:" + state_key + b"@"
+            if any(pending.startswith(prefix) for pending in unverified):
+                continue  # the delete's own batch, or one before it, is not verified
+            older = state.garbage(store, len(chosen) + 1, prefix)
             if set(older) <= chosen:
                 deletes.add(state_key)
                 reclaim.append(tombstone(writer, current))
@@ -592,11 +598,12 @@ class Instance:
 
     def _verify(self, task: TaskId, active: _Active, offsets: list[int]) -> None:
         """Verify the writer's batches: no record of a higher writer precedes them. The batch
-        just committed took `offsets` and its commit marker one more: if they follow on from
-        the last verified offset, nobody else wrote (verified for free); else read the gap.
-        A higher writer there fences this instance for the task."""
-        first, last = offsets[0], offsets[-1]
-        if first != active.unverified_from or last - first + 1 != len(offsets):
+        just committed took `offsets`: if they follow the last verified record with only one
+        offset between (the previous commit marker), nobody else wrote (verified for free);
+        else read the gap from the offset after the last verified record. A higher writer
+        there fences this instance for the task."""
+        last = offsets[-1]
+        if not _follows_on(active.unverified_from, offsets):
             higher = self._higher_writer(task, active, last + 1)
             if higher is None:
                 return
@@ -609,9 +616,9 @@ class Instance:
                     higher.epoch,
                 )
                 return
-        active.unverified_from = last + 2
+        active.unverified_from = last + 1
         position = active.state.position(self.pipeline.store)
-        changes = StateChanges(verified={self.pipeline.store: min(position, last + 2)})
+        changes = StateChanges(verified={self.pipeline.store: min(position, last + 1)})
         for _end, superseded in active.unverified:
             for key in superseded:
                 changes.supersede(self.pipeline.store, key)
@@ -802,8 +809,53 @@ class Instance:
                 self._restore.follow(state)
                 continue
             del self._activating[task]
-            self._activate(task, activation.marked, state)
+            above = self._writers_above(activation.marked.writer, state)
+            if above:
+                self._lose_activation(task, activation, state, above)
+            else:
+                self._activate(task, activation.marked, state)
         return marked
+
+    @staticmethod
+    def _writers_above(writer: Writer, state: TaskState) -> dict[str, Writer]:
+        """Per store whose changelog, restored through `writer`'s marker, holds a higher
+        writer: that writer. Empty when `writer` is the highest of every store."""
+        above: dict[str, Writer] = {}
+        for store in state.stores:
+            highest = state.writer(store)
+            if highest is not None and highest > writer:
+                above[store] = highest
+        return above
+
+    def _lose_activation(
+        self, task: TaskId, activation: _Activation, state: TaskState, above: dict[str, Writer]
+    ) -> None:
+        """An activation restored through its own marker and found a higher writer before it
+        (a racing activation, or a newer owner): it must not go active, whoever holds the
+        task's live producer. Report the task fenced with the epoch seen; the restored state
+        stays followed, it is exact."""
+        assert activation.marked is not None
+        activation.close()
+        highest = max(above.values())
+        stores = ", ".join(f"{store} ({writer})" for store, writer in sorted(above.items()))
+        error = (
+            f"task {task}: activation as writer {activation.marked.writer} found a higher "
+            f"writer before its own marker in the changelog of {stores}: another activation "
+            f"owns the task; not taking it (the operator must assign it above epoch "
+            f"{highest.epoch})"
+        )
+        log.error("%s", error)
+        self._restore.follow(state)
+        self._fenced[task] = TaskReport(
+            task,
+            ReportedRole.FENCED,
+            activation.epoch,
+            self.assignment.generation,
+            state.positions(),
+            seen_epoch=highest.epoch,
+            error=error,
+        )
+        self._report()
 
     def _refuse(self, task: TaskId, epoch: int, seen: int, positions: dict[str, int]) -> None:
         error = (
@@ -843,7 +895,9 @@ class Instance:
         """Make a task restored through its own marker active."""
         writer, producer, through = marked.writer, marked.producer, marked.through
         store = self.pipeline.store
-        unverified_from = through[store] + 1
+        # The marker is verified (restored through, and no higher writer before it); any
+        # record after it, its commit marker's slot included, is not yet.
+        unverified_from = through[store]
         known = state.input_positions()
         missing = [topic for topic in self.config.input_topics if topic not in known]
         last_closer = None
@@ -860,6 +914,9 @@ class Instance:
             )
             state.apply(changes)
             last_closer = start.key
+            offsets = producer.delivered_offsets[store]
+            if _follows_on(unverified_from, offsets):
+                unverified_from = offsets[-1] + 1
         self._active[task] = _Active(
             writer, state, producer, last_closer=last_closer, unverified_from=unverified_from
         )
@@ -888,7 +945,9 @@ class Instance:
         )
         active.writer, active.batch, active.last_closer = writer, 0, None
         # The previous writer's unverified garbage is left to the next restore, which finds it.
-        active.unverified_from, active.unverified = through[self.pipeline.store] + 1, []
+        # Verification goes on from where it stood: a higher writer may have written between
+        # the last verified record and the new marker, and must fence this one.
+        active.unverified = []
 
     def _release(self, task: TaskId) -> TaskState:
         active = self._active.pop(task)
@@ -1000,7 +1059,9 @@ class Instance:
             restored, self._restored_since = self._restored_since, {}
         failures = self._restore.failures()
         for task, (positions, ends) in self._restore.positions_and_ends().items():
-            if task in self._released or task in self._refused or task not in wanted:
+            if task in self._released or task in self._refused or task in self._fenced:
+                continue
+            if task not in wanted:
                 continue
             held = wanted[task]
             role = TaskRole.WARMUP if held.role is TaskRole.ACTIVE else held.role
@@ -1042,3 +1103,12 @@ class Instance:
                 )
                 lag += max(0, high - self._input_position(held.state, topic))
             self.metrics.set_lag(task, TaskRole.ACTIVE, lag)
+
+
+def _follows_on(unverified_from: int, offsets: list[int]) -> bool:
+    """Whether a transaction's records, at `offsets` of a changelog partition, follow the
+    writer's last verified record with nothing of anyone else's in between: the one offset
+    before them is then the writer's previous commit marker (a committed transaction takes
+    exactly one offset per partition for its commit marker), and they are contiguous."""
+    first, last = offsets[0], offsets[-1]
+    return first == unverified_from + 1 and last - first + 1 == len(offsets)
