@@ -7,6 +7,8 @@ activation, a zombie's marker landing in the slot of a commit marker, a gap read
 and checks the state every restore of the changelog gives, from the full log and from every
 way the cleaner can compact it."""
 
+import random
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from smoothscale.kafka.progress import ProgressReader, ReportedRole
 from smoothscale.runtime import instance as instance_module
 from smoothscale.runtime.changelog import Positioned, RecordKind, marker, parse_record
 from smoothscale.runtime.config import WorkerConfig
+from smoothscale.runtime.instance import Instance
 from smoothscale.runtime.restore import catch_up
 from smoothscale.runtime.store import TaskState
 from smoothscale.runtime.transactions import TaskProducer
@@ -66,13 +69,21 @@ def restored(config: WorkerConfig, task: int, root: Path) -> dict[str, object]:
         fresh.destroy()
 
 
-def assert_compaction_safe(log: list[Positioned]) -> None:
+def assert_compaction_safe(log: list[Positioned], sample: random.Random | None = None) -> None:
     """The log restores the same state however the cleaner has compacted it: at every point
-    of its history (each prefix), cleaned up to every offset, tombstones kept or removed."""
-    for end in range(1, len(log) + 1):
+    of its history (each prefix), cleaned up to every offset, tombstones kept or removed.
+    With `sample`, at 20 points drawn from it and its markers, cleaned up to 20 offsets each."""
+    ends = range(1, len(log) + 1)
+    if sample is not None:
+        markers = [i + 1 for i, (_o, r) in enumerate(log) if r.kind is RecordKind.MARKER]
+        ends = sorted({len(log), *markers[-5:], *sample.sample(ends, min(20, len(log)))})
+    for end in ends:
         prefix = log[:end]
         expected = replay(prefix).visible()
-        for cleaning_point in [offset for offset, _record in prefix] + [prefix[-1][0] + 1]:
+        points = [offset for offset, _record in prefix] + [prefix[-1][0] + 1]
+        if sample is not None:
+            points = sample.sample(points, min(20, len(points)))
+        for cleaning_point in points:
             for remove_tombstones in (False, True):
                 compacted = compact(as_log(prefix), cleaning_point, remove_tombstones)
                 assert replay(as_records(compacted)).visible() == expected, (
@@ -254,3 +265,55 @@ def test_a_delete_is_not_tombstoned_while_the_record_it_replaced_is_unverified(
     assert deleted[0] in tombstoned, "the delete is reclaimed in the end"
     assert state == cycling_reference(fed) == replay(log).visible() == {"alice": 2}
     assert_compaction_safe(log)
+
+
+def test_a_key_deleted_while_the_task_was_away_never_comes_back(
+    kafka_front: KafkaFront, tmp_path: Path
+) -> None:
+    """pod-a releases the task and keeps its store on disk; pod-b deletes a key and reclaims
+    its records; the cleaner removes them and, once delete.retention.ms has passed, the
+    tombstones too. The task comes back to pod-a after longer than state_reuse_seconds: its old
+    store would still hold the key, so it is restored from scratch instead."""
+    config = app_config(kafka_front, tmp_path).model_copy(update={"state_reuse_seconds": 2.0})
+    topic = config.changelog_topics()[STORE]
+    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
+    fed: list[str] = []
+
+    def batch(instance: Instance, user: str, records: int = 1) -> None:
+        produce_to_partition(config, 0, records, user)
+        fed.extend([user] * records)
+        assert feed(instance) == records
+
+    def hand_over(source: str, instance: Instance, generation: int) -> dict[str, int]:
+        operator.write(source, Assignment(generation=generation))
+        wait_for(lambda: ticked(instance).active_tasks() == {}, 10, f"{source} to release")
+        return dict(reader.reports(source, PARTITIONS)[0].positions)
+
+    operator.write("pod-a", Assignment(generation=1, tasks={0: active(1)}))
+    operator.write("pod-b", Assignment(generation=1))
+    with (
+        running(for_instance(config, "pod-a"), cycling_count()) as a,
+        running(for_instance(config, "pod-b"), cycling_count()) as b,
+    ):
+        until_active(a, {0: 1})
+        batch(a, "zed")
+        released = hand_over("pod-a", a, 2)
+        operator.write("pod-b", Assignment(generation=3, tasks={0: active(2, released)}))
+        until_active(b, {0: 2})
+        batch(b, "zed", 2)  # zed: 3, deleted
+        for _ in range(3):
+            batch(b, "bob")  # pod-b reclaims zed's records, then its delete
+        kafka_front.compact(topic, partition=0, remove_tombstones=True)
+        released = hand_over("pod-b", b, 4)
+        time.sleep(2.5)
+        operator.write("pod-a", Assignment(generation=5, tasks={0: active(3, released)}))
+        until_active(a, {0: 3})
+        batch(a, "zed")
+        state = a.state_snapshot(0)
+        metrics = a.metrics
+    operator.close()
+    reader.close()
+
+    assert state == cycling_reference(fed) == {"zed": 1}
+    assert metrics.registry.get_sample_value("smoothscale_stale_stores_total") == 1

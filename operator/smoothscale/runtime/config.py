@@ -90,6 +90,14 @@ class WorkerConfig(BaseModel):
         description="On SIGTERM, give up finishing the batch after this long (keep it below the "
         "pod's terminationGracePeriodSeconds).",
     )
+    state_reuse_seconds: float = Field(
+        default=43_200.0,
+        gt=0,
+        description="A local task store last written longer ago than this is restored from "
+        "scratch instead of reused: the changelog may have been compacted since, and Kafka keeps "
+        "tombstones only delete.retention.ms (default 1 day), so a key deleted meanwhile could "
+        "come back. Keep it at most half the changelogs' delete.retention.ms.",
+    )
 
     @field_validator("kafka_config")
     @classmethod

@@ -662,11 +662,7 @@ class Instance:
         """Another instance owns the task (a higher writer wrote before this one's records, or
         Kafka fenced its producer): this one is a zombie for it. Stop processing it, drop its
         local store (stale), and report `fenced`, with the higher epoch seen if known."""
-        active = self._active.pop(task)
-        active.producer.close()
-        for topic in self.config.input_topics:
-            self._plan_starts.pop((topic, task), None)
-        self._write_plan()
+        active = self._stop_processing(task)
         positions = active.state.positions()
         active.state.destroy()
         log.error("%s", error)
@@ -697,13 +693,18 @@ class Instance:
         self._fenced = {}
         for task in sorted(self._active):
             held = wanted.get(task)
-            if held is not None and held.role is TaskRole.ACTIVE:
-                if held.epoch != self._active[task].epoch:
-                    self._change_epoch(task, held.epoch)
+            if held is None or held.role is not TaskRole.ACTIVE:
+                state = self._release(task)
+            elif held.epoch != self._active[task].epoch:
+                # A new epoch for a task active here is a new activation, restored to the
+                # changelog's end with its marker proven the highest, as for any owner: the
+                # operator may give a task back to an instance it failed over from, whose copy
+                # is stale.
+                state = self._stop_processing(task).state
+            else:
                 continue
-            state = self._release(task)
             if held is not None:
-                self._restore.follow(state)
+                self._restore.follow(self._checked(state))
             else:
                 state.close()
         for task in sorted(set(self._activating) - set(wanted)):
@@ -800,7 +801,12 @@ class Instance:
                     del self._activating[task]
                     self._refuse(task, activation.epoch, seen, state.positions())
                 else:
-                    activation.marked = self._mark(task, activation.epoch, state)
+                    try:
+                        activation.marked = self._mark(task, activation.epoch, state)
+                    except ProducerFenced as fenced:
+                        del self._activating[task]
+                        self._lose_activation(task, activation, state, f"{fenced}; not taking it")
+                        continue
                     unread = sum(o - reached.get(s, 0) for s, o in activation.waits_for().items())
                     if unread <= MARKER_NEAR_OFFSETS:
                         marked.append(task)
@@ -811,9 +817,20 @@ class Instance:
             del self._activating[task]
             above = self._writers_above(activation.marked.writer, state)
             if above:
-                self._lose_activation(task, activation, state, above)
-            else:
+                highest = max(above.values())
+                stores = ", ".join(f"{store} ({writer})" for store, writer in sorted(above.items()))
+                error = (
+                    f"task {task}: activation as writer {activation.marked.writer} found a "
+                    f"higher writer before its own marker in the changelog of {stores}: another "
+                    "activation owns the task; not taking it (the operator must assign it above "
+                    f"epoch {highest.epoch})"
+                )
+                self._lose_activation(task, activation, state, error, highest.epoch)
+                continue
+            try:
                 self._activate(task, activation.marked, state)
+            except ProducerFenced as fenced:
+                self._lose_activation(task, activation, state, f"{fenced}; not taking it")
         return marked
 
     @staticmethod
@@ -828,22 +845,18 @@ class Instance:
         return above
 
     def _lose_activation(
-        self, task: TaskId, activation: _Activation, state: TaskState, above: dict[str, Writer]
+        self,
+        task: TaskId,
+        activation: _Activation,
+        state: TaskState,
+        error: str,
+        seen_epoch: int | None = None,
     ) -> None:
-        """An activation restored through its own marker and found a higher writer before it
-        (a racing activation, or a newer owner): it must not go active, whoever holds the
-        task's live producer. Report the task fenced with the epoch seen; the restored state
-        stays followed, it is exact."""
-        assert activation.marked is not None
+        """Another activation owns the task (its marker is above this one's, or Kafka fenced
+        this one's producer): this one must not go active, whoever holds the live producer.
+        Report the task fenced, with the epoch seen if known; the restored state stays
+        followed, it is exact."""
         activation.close()
-        highest = max(above.values())
-        stores = ", ".join(f"{store} ({writer})" for store, writer in sorted(above.items()))
-        error = (
-            f"task {task}: activation as writer {activation.marked.writer} found a higher "
-            f"writer before its own marker in the changelog of {stores}: another activation "
-            f"owns the task; not taking it (the operator must assign it above epoch "
-            f"{highest.epoch})"
-        )
         log.error("%s", error)
         self._restore.follow(state)
         self._fenced[task] = TaskReport(
@@ -852,7 +865,7 @@ class Instance:
             activation.epoch,
             self.assignment.generation,
             state.positions(),
-            seen_epoch=highest.epoch,
+            seen_epoch=seen_epoch,
             error=error,
         )
         self._report()
@@ -881,15 +894,19 @@ class Instance:
         writer = Writer.next_after(epoch, state.highest_writer())
         producer = TaskProducer(self.config, task, epoch)
         markers = {store: [marker(writer, self.config.instance_id)] for store in state.stores}
-        for _ in range(MARKER_ATTEMPTS - 1):
-            try:
-                return _Marked(writer, producer, producer.commit(markers))
-            except ProducerFenced:
-                raise
-            except TransactionError as error:
-                # Aborted (commit aborts a failed transaction): readers never see it.
-                log.warning("task %d: the epoch marker was not written (%s): again", task, error)
-        return _Marked(writer, producer, producer.commit(markers))
+        try:
+            for _ in range(MARKER_ATTEMPTS - 1):
+                try:
+                    return _Marked(writer, producer, producer.commit(markers))
+                except ProducerFenced:
+                    raise
+                except TransactionError as error:
+                    # Aborted (commit aborts a failed transaction): readers never see it.
+                    log.warning("task %d: epoch marker not written (%s): again", task, error)
+            return _Marked(writer, producer, producer.commit(markers))
+        except ProducerFenced:
+            producer.close()
+            raise
 
     def _activate(self, task: TaskId, marked: _Marked, state: TaskState) -> None:
         """Make a task restored through its own marker active."""
@@ -925,36 +942,17 @@ class Instance:
             self._activations[(topic, task)] = self._activations.get((topic, task), 0) + 1
         log.info("task %d active as writer %s from %s", task, writer, state.input_positions())
 
-    def _change_epoch(self, task: TaskId, epoch: int) -> None:
-        """A new writer at the new epoch: a new producer and marker, no pause. Its batches
-        count from 1 again, and its first closer supersedes nothing (a writer's last closer
-        stays, see docs/runtime.md)."""
-        active = self._active[task]
-        active.producer.close()
-        active.producer = TaskProducer(self.config, task, epoch)
-        writer = Writer.next_after(epoch, active.writer)
-        through = active.producer.commit(
-            {store: [marker(writer, self.config.instance_id)] for store in active.state.stores}
-        )
-        active.state.apply(
-            StateChanges(
-                positions=through,
-                writers=dict.fromkeys(through, writer),
-                closed_batches=dict.fromkeys(through, -1),
-            )
-        )
-        active.writer, active.batch, active.last_closer = writer, 0, None
-        # The previous writer's unverified garbage is left to the next restore, which finds it.
-        # Verification goes on from where it stood: a higher writer may have written between
-        # the last verified record and the new marker, and must fence this one.
-        active.unverified = []
-
-    def _release(self, task: TaskId) -> TaskState:
+    def _stop_processing(self, task: TaskId) -> _Active:
+        """Take an active task out of the plan and close its producer."""
         active = self._active.pop(task)
         active.producer.close()
         for topic in self.config.input_topics:
             self._plan_starts.pop((topic, task), None)
         self._write_plan()
+        return active
+
+    def _release(self, task: TaskId) -> TaskState:
+        active = self._stop_processing(task)
         report = TaskReport(
             task,
             ReportedRole.RELEASED,
@@ -971,9 +969,26 @@ class Instance:
     # Helpers -------------------------------------------------------------------------------
 
     def _open_state(self, task: TaskId) -> TaskState:
-        """The task's local store, wiped first when it is stale: it applied its own writes past
-        its verified offset, and a higher writer wrote there (this instance was a zombie)."""
-        state = TaskState(self.config.state_dir, task, self.config.stores)
+        """The task's local store (see `_checked`)."""
+        return self._checked(TaskState(self.config.state_dir, task, self.config.stores))
+
+    def _checked(self, state: TaskState) -> TaskState:
+        """`state`, or a new empty store for its task when it is stale: last written longer
+        ago than state_reuse_seconds (the changelog may have been compacted since, its
+        tombstones gone: a key deleted meanwhile would come back), or it applied its own writes
+        past its verified offset and a higher writer wrote there (this instance was a zombie)."""
+        task = state.task
+        written = state.last_written()
+        if written is not None and time.time() - written > self.config.state_reuse_seconds:
+            log.warning(
+                "task %d: the local store was last written %.0f s ago, longer than "
+                "state_reuse_seconds (%.0f): the changelog may have been compacted since, so it "
+                "is restored from scratch",
+                task,
+                time.time() - written,
+                self.config.state_reuse_seconds,
+            )
+            return self._wiped(state)
         for store in state.stores:
             verified, position = state.verified(store), state.position(store)
             if verified >= position:
@@ -994,10 +1009,13 @@ class Instance:
                 verified,
                 position,
             )
-            self.metrics.count_stale_store()
-            state.destroy()
-            return TaskState(self.config.state_dir, task, self.config.stores)
+            return self._wiped(state)
         return state
+
+    def _wiped(self, state: TaskState) -> TaskState:
+        self.metrics.count_stale_store()
+        state.destroy()
+        return TaskState(self.config.state_dir, state.task, self.config.stores)
 
     def _input_position(self, state: TaskState, topic: str) -> int:
         """The next input offset of an active task (its activation wrote one for every input)."""

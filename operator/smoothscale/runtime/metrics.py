@@ -69,7 +69,8 @@ class InstanceMetrics:
         self.stale_stores = Counter(
             "stale_stores",
             "Local task stores found stale on reopening (a higher writer wrote past their "
-            "verified offset) and restored from scratch.",
+            "verified offset, or last written longer ago than state_reuse_seconds) and restored "
+            "from scratch.",
             namespace=NAMESPACE,
             registry=self.registry,
         )

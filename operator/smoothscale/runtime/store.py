@@ -6,13 +6,14 @@ the changelog record key that holds its current value, or its delete, which is k
 as absent) until that delete record itself is reclaimed. A `smoothscale` column family keeps
 what the runtime needs beside them: per store the next changelog offset applied (the restore
 position), the highest writer seen and the batch it last closed, the garbage set (record keys
-superseded and not yet reclaimed by a tombstone), and the task's input positions (the next
-input offset per input topic). Every change goes through `TaskState.apply` as one RocksDB
-write batch, so a crash never leaves a key applied without the position that says so
-(docs/runtime.md; docs/decisions/state-store.md says why RocksDB).
+superseded and not yet reclaimed by a tombstone), the task's input positions (the next
+input offset per input topic), and when the state was last written. Every change goes through
+`TaskState.apply` as one RocksDB write batch, so a crash never leaves a key applied without the
+position that says so (docs/runtime.md; docs/decisions/state-store.md says why RocksDB).
 """
 
 import json
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ _CLOSED = "closed/"
 _VERIFIED = "verified/"
 _GARBAGE = "garbage/"
 _INPUT = "input/"
+_WRITTEN_AT = "written-at"
 
 
 @dataclass(frozen=True)
@@ -200,6 +202,12 @@ class TaskState:
             found.append(key[len(base) :])
         return found
 
+    def last_written(self) -> float | None:
+        """When the state was last changed (seconds since the epoch, this machine's clock);
+        None for a new store."""
+        value = self._meta(_WRITTEN_AT)
+        return None if value is None else float(value)
+
     def input_positions(self) -> dict[str, int]:
         """Per input topic, the next offset to process, as of the state applied."""
         prefix = _INPUT.encode()
@@ -251,6 +259,7 @@ class TaskState:
             batch.put((_WRITER + store).encode(), str(writer).encode(), meta)
         for topic, offset in changes.input_positions.items():
             batch.put((_INPUT + topic).encode(), str(offset).encode(), meta)
+        batch.put(_WRITTEN_AT.encode(), repr(time.time()).encode(), meta)
         self._db.write(batch)
 
     def snapshot(self, store: str) -> dict[str, Any]:
