@@ -60,6 +60,7 @@ from smoothscale.operator.pods import (
     BASE_PORT,
     ROLE_LABEL,
     TEMPLATE_HASH_ANNOTATION,
+    PodSpecError,
     app_selector,
     build_pod,
     instance_name,
@@ -224,7 +225,11 @@ class AppController:
         # moment it exists, so its warm-ups start while its Spark session starts.
         pods = observe_pods(self.kube, self.namespace, self.name)
         roll = self._roll(app, desired, pods)
-        pods = self._create_missing_pods(app, desired + (1 if roll.surge else 0), pods)
+        try:
+            pods = self._create_missing_pods(app, desired + (1 if roll.surge else 0), pods)
+        except PodSpecError as error:
+            problem = Problem("InvalidPodSpec", f"no instance pod can be built: {error}")
+            return self._degraded(app, generation, now, [problem, *problems])
         live = {name: pod for name, pod in pods.items() if not pod.terminating}
         problems += _crash_problems(self.namespace, live)
         statuses = self._instance_statuses(live, desired, scaling, now, roll)
