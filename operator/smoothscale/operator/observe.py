@@ -1,10 +1,11 @@
-"""What the operator observes of an app in Kubernetes: its instance pods.
+"""What the operator observes of an app in Kubernetes: its instance pods and its Secrets.
 
 Kafka is observed through smoothscale.kafka.progress (the reports and changelog ends) and
 smoothscale.operator.topics (the topics); this module reads the pods, one list request per poll
-with the app's label selector.
+with the app's label selector, and the Secrets the app names, only those the platform labelled.
 """
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,3 +85,27 @@ def observe_pods(kube: KubeApi, namespace: str, app_name: str) -> dict[str, PodV
     )
     pods = (PodView.of(item) for item in listing.get("items") or [])
     return {pod.name: pod for pod in pods}
+
+
+def secrets_path(namespace: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/secrets"
+
+
+def observe_secrets(
+    kube: KubeApi, namespace: str, names: Iterable[str], label_selector: str
+) -> dict[str, dict[str, str]]:
+    """The named Secrets that match `label_selector`, by name, with their data (base64, as the
+    API serves it). Never a get by name: RBAC cannot limit reads by label, so each Secret is
+    listed with the label selector and a metadata.name field selector, and the API server
+    itself leaves out a Secret without the label; its data never reaches the operator."""
+    found: dict[str, dict[str, str]] = {}
+    for name in names:
+        listing = kube.request(
+            "GET",
+            secrets_path(namespace),
+            query={"labelSelector": label_selector, "fieldSelector": f"metadata.name={name}"},
+        )
+        for item in listing.get("items") or []:
+            if (item.get("metadata") or {}).get("name") == name:
+                found[name] = dict(item.get("data") or {})
+    return found

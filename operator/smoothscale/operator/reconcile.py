@@ -2,8 +2,9 @@
 
 `AppController.poll()` is the whole spine, top to bottom:
 
-1. observe the spec, the Kafka topics (created when missing), the pods, the instances'
-   reports and the changelog ends;
+1. observe the spec, and validate it against the platform's policy before any Secret is read,
+   any Kafka server connected to or any pod created (`access`); then the Kafka topics (created
+   when missing), the pods, the instances' reports and the changelog ends;
 2. plan one safe step of the hand-over protocol (`handover.step`, pure);
 3. act, in an order that survives a crash between any two writes: the ledger record first
    (the operator's memory, in the assignments topic), then the instances' assignments, then
@@ -41,6 +42,13 @@ from smoothscale.kafka import names
 from smoothscale.kafka.assignments import AssignmentWriter, describe
 from smoothscale.kafka.progress import ProgressReader, ReportedRole, TaskProgress
 from smoothscale.kubeapi import MERGE_PATCH, KubeApi, KubeApiError
+from smoothscale.operator.access import (
+    AccessPolicy,
+    AccessRefused,
+    referenced_secrets,
+    refusals,
+    unlabelled,
+)
 from smoothscale.operator.catchup import CatchUpWatch, Heartbeats, Stalled
 from smoothscale.operator.handover import (
     InstanceStatus,
@@ -52,10 +60,10 @@ from smoothscale.operator.handover import (
     release_all,
     step,
 )
-from smoothscale.operator.kafka_client import MissingSecretError, client_config
+from smoothscale.operator.kafka_client import MissingSecretError, client_config, lookup_in
 from smoothscale.operator.ledger import LedgerRecord, rebuild
 from smoothscale.operator.metrics import OperatorMetrics, TaskLag
-from smoothscale.operator.observe import PodView, observe_pods, pods_path
+from smoothscale.operator.observe import PodView, observe_pods, observe_secrets, pods_path
 from smoothscale.operator.pods import (
     BASE_PORT,
     ROLE_LABEL,
@@ -144,11 +152,14 @@ class AppController:
         events: EventSink,
         metrics: OperatorMetrics,
         instance_port: int = BASE_PORT,
+        policy: AccessPolicy,
         clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self.kube = kube
         self.instance_port = instance_port
         """Instance n's pod listens on instance_port + n (the operator's --instance-port)."""
+        self.policy = policy
+        """What the platform lets StreamingApps do with credentials (the operator's flags)."""
         self.namespace = namespace
         self.name = name
         self.events = events
@@ -198,11 +209,19 @@ class AppController:
         generation = body.get("metadata", {}).get("generation")
         scaling = app.spec.scaling
 
+        # Validate what the app asks of the platform before anything is read or connected to.
+        try:
+            secrets = self._admit(app)
+        except AccessRefused as refused:
+            return self._degraded(app, generation, now, list(refused.problems))
+
         # Observe Kafka: the topics, created when missing, tell the task count.
         try:
-            kafka = self._kafka_clients(app)
+            kafka = self._kafka_clients(app, secrets)
             check = kafka.topics.ensure(app)
-        except (KafkaException, MissingSecretError) as error:
+        except MissingSecretError as error:
+            return self._degraded(app, generation, now, [Problem("SecretKeyMissing", str(error))])
+        except KafkaException as error:
             return self._degraded(app, generation, now, [_kafka_problem(error)])
         for topic in check.created:
             self.events("Normal", "TopicCreated", f"created Kafka topic {topic}")
@@ -325,8 +344,27 @@ class AppController:
         self._scaling = status.last_scaling
         self._desired = status.desired_replicas
 
-    def _kafka_clients(self, app: StreamingApp) -> _KafkaClients:
-        config = client_config(app.spec.kafka, self._secret)
+    def _admit(self, app: StreamingApp) -> dict[str, dict[str, str]]:
+        """The Secrets the app names (their data), once the app has passed the platform's
+        policy; raises AccessRefused first if it does not, before any Secret is read. Only
+        Secrets with the policy's label are read (`observe_secrets`): one named without it is
+        refused without its data ever reaching the operator."""
+        refused = refusals(app, self.policy)
+        if refused:
+            raise AccessRefused(refused)
+        named = referenced_secrets(app)
+        secrets = observe_secrets(
+            self.kube, self.namespace, sorted(named), self.policy.secret_selector
+        )
+        missing = unlabelled(named, secrets, self.namespace, self.policy)
+        if missing:
+            raise AccessRefused(missing)
+        return secrets
+
+    def _kafka_clients(
+        self, app: StreamingApp, secrets: Mapping[str, Mapping[str, str]]
+    ) -> _KafkaClients:
+        config = client_config(app.spec.kafka, lookup_in(secrets))
         settings = tuple(sorted(config.items()))
         if self._kafka is not None and self._kafka.settings == settings:
             return self._kafka
@@ -347,18 +385,6 @@ class AppController:
         )
         self.ledger = None
         return self._kafka
-
-    def _secret(self, name: str, key: str) -> str | None:
-        import base64
-
-        try:
-            secret = self.kube.request("GET", f"/api/v1/namespaces/{self.namespace}/secrets/{name}")
-        except KubeApiError as error:
-            if error.status == 404:
-                return None
-            raise
-        encoded = (secret.get("data") or {}).get(key)
-        return None if encoded is None else base64.b64decode(encoded).decode()
 
     def _roll(self, app: StreamingApp, desired: int, pods: Mapping[str, PodView]) -> "_Roll":
         """The rolling update, derived from the pods alone (so it survives an operator restart
@@ -734,12 +760,12 @@ class AppController:
 
     def _delete_state(self, app: StreamingApp) -> None:
         try:
-            deleted = self._kafka_clients(app).topics.delete_state(app)
-        except (KafkaException, MissingSecretError) as error:
+            deleted = self._kafka_clients(app, self._admit(app)).topics.delete_state(app)
+        except (KafkaException, MissingSecretError, AccessRefused) as error:
             self.events(
                 "Warning",
                 "StateNotDeleted",
-                f"deletionPolicy is Delete but Kafka refused to delete the app's state topics "
+                f"deletionPolicy is Delete but the app's state topics could not be deleted "
                 f"({error}); delete its changelog and assignments topics with your Kafka tools",
             )
             return
@@ -751,7 +777,7 @@ class AppController:
         """Give every instance nothing (once); whether none reports a task active any more."""
         try:
             app = StreamingApp.model_validate({**body, "status": None})
-            kafka = self._kafka_clients(app)
+            kafka = self._kafka_clients(app, self._admit(app))
             kafka_ledger, assignments = kafka.ledgers.read()
             ledger = rebuild(None, kafka_ledger, assignments, {})
             if not holds_nothing(ledger):
@@ -761,7 +787,14 @@ class AppController:
                     kafka.writer.write(instance, assignment)
             statuses = {name: InstanceStatus(ready=pod.ready) for name, pod in live.items()}
             progress = kafka.reader.read(statuses, max(ledger.tasks, default=-1) + 1)
-        except (ValidationError, KafkaException, MissingSecretError, TimeoutError, RuntimeError):
+        except (
+            ValidationError,
+            KafkaException,
+            MissingSecretError,
+            AccessRefused,
+            TimeoutError,
+            RuntimeError,
+        ):
             log.exception("could not release the tasks of %s/%s", self.namespace, self.name)
             return False
         return all(item.report.role is not ReportedRole.ACTIVE for item in progress.values())
@@ -771,14 +804,21 @@ class AppController:
         (best effort: an app re-created under the same name treats its pods as new anyway)."""
         try:
             app = StreamingApp.model_validate({**body, "status": None})
-            kafka = self._kafka_clients(app)
+            kafka = self._kafka_clients(app, self._admit(app))
             kafka_ledger, assignments = kafka.ledgers.read()
             ledger = rebuild(None, kafka_ledger, assignments, {})
             for instance in sorted(assignments):
                 kafka.writer.forget(instance)
                 kafka.reader.forget(instance)
             kafka.ledgers.write(replace(ledger, assignments={}, joined={}))
-        except (ValidationError, KafkaException, MissingSecretError, TimeoutError, RuntimeError):
+        except (
+            ValidationError,
+            KafkaException,
+            MissingSecretError,
+            AccessRefused,
+            TimeoutError,
+            RuntimeError,
+        ):
             log.exception("could not clear the instances of %s/%s", self.namespace, self.name)
 
     def close(self) -> None:

@@ -1,0 +1,352 @@
+"""The platform's policy: no StreamingApp makes the operator read a Secret it may not, or send
+credentials where the platform did not allow them (a confused deputy).
+
+The rules are pure (`refusals`); the rest runs the operator's control loop in this process,
+with the chart's ServiceAccount and RBAC, against the local API server and its audit log: what
+the operator asked of the API server is in the log, so what it did not read is shown, not
+assumed. No Spark and no kubelet: the pods are objects that nothing runs.
+"""
+
+import base64
+import socket
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+from kubernetes.client import ApiClient, Configuration
+
+from smoothscale.api.models import API_VERSION, PLURAL, StreamingApp
+from smoothscale.devcluster.apiserver import LocalApiServer, write_kubeconfig
+from smoothscale.devcluster.apiserver.auth import AuditedRequest, read_audit_log
+from smoothscale.devcluster.kafkafront import KafkaFront
+from smoothscale.kubeapi import KubeApi
+from smoothscale.operator.access import AccessPolicy, referenced_secrets, refusals
+from smoothscale.operator.metrics import OperatorMetrics
+from smoothscale.operator.reconcile import AppController
+from tests.chart.helm import NAMESPACE as OPERATOR_NAMESPACE
+from tests.chart.helm import Manifest, of_kind, one, render
+
+ROOT = Path(__file__).resolve().parents[2]
+APPS = "shop"
+LABEL = "smoothscale.io/streamingapps=allowed"
+PLATFORM_KAFKA = "kafka-0.kafka.svc:9093"
+
+SASL_SSL = {
+    "securityProtocol": "SASL_SSL",
+    "saslMechanism": "SCRAM-SHA-512",
+    "credentials": {"secretRef": {"name": "kafka-user"}},
+}
+
+
+def streaming_app(
+    bootstrap: str = PLATFORM_KAFKA, security: dict[str, Any] | None = None, **spec: Any
+) -> dict[str, Any]:
+    name = f"app-{uuid.uuid4().hex[:6]}"
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "StreamingApp",
+        "metadata": {"name": name, "namespace": APPS},
+        "spec": {
+            "image": "registry.example/counter:1.0",
+            "pipeline": {"ref": "examples.pipelines.running_count:pipeline"},
+            "kafka": {
+                "bootstrapServers": bootstrap,
+                "security": security or {},
+                "inputTopics": [f"{name}-in"],
+                "outputTopic": f"{name}-out",
+                "stateStores": [{"name": "counts"}],
+            },
+            **spec,
+        },
+    }
+
+
+def reasons(source: dict[str, Any], policy: AccessPolicy) -> list[str]:
+    return [problem.reason for problem in refusals(StreamingApp.model_validate(source), policy)]
+
+
+# --- The rules -------------------------------------------------------------------------------
+
+
+def test_credentials_go_only_to_servers_the_platform_allows() -> None:
+    policy = AccessPolicy(bootstrap_servers=("kafka-*.kafka.svc:9093",))
+    allowed = streaming_app("kafka-0.kafka.svc:9093,KAFKA-1.kafka.svc:9093", SASL_SSL)
+    one_elsewhere = streaming_app("kafka-0.kafka.svc:9093,kafka.attacker.example:9093", SASL_SSL)
+    other_port = streaming_app("kafka-0.kafka.svc:9092", SASL_SSL)
+
+    assert reasons(allowed, policy) == []
+    assert reasons(one_elsewhere, policy) == ["BootstrapServersNotAllowed"]
+    assert reasons(other_port, policy) == ["BootstrapServersNotAllowed"]
+    [problem] = refusals(StreamingApp.model_validate(one_elsewhere), policy)
+    assert "names kafka.attacker.example:9093, which this installation does not allow" in (
+        problem.message
+    )
+    assert "kafka.allowedBootstrapServers" in problem.message
+
+
+def test_with_no_server_listed_apps_connect_anywhere_but_send_credentials_nowhere() -> None:
+    policy = AccessPolicy()
+
+    assert reasons(streaming_app("anywhere.example:9092"), policy) == []
+    assert reasons(streaming_app("anywhere.example:9092", SASL_SSL), policy) == [
+        "BootstrapServersNotAllowed"
+    ]
+    [problem] = refusals(StreamingApp.model_validate(streaming_app(security=SASL_SSL)), policy)
+    assert "credentials of Secret 'kafka-user'" in problem.message
+    assert "allows credentials to no Kafka server" in problem.message
+
+
+def test_sasl_over_plain_text_is_refused_unless_the_platform_allows_it() -> None:
+    source = streaming_app(security={**SASL_SSL, "securityProtocol": "SASL_PLAINTEXT"})
+    listed = AccessPolicy(bootstrap_servers=(PLATFORM_KAFKA,))
+
+    assert reasons(source, listed) == ["SaslPlaintextNotAllowed"]
+    assert (
+        reasons(
+            source, AccessPolicy(bootstrap_servers=(PLATFORM_KAFKA,), allow_sasl_plaintext=True)
+        )
+        == []
+    )
+    [problem] = refusals(StreamingApp.model_validate(source), listed)
+    assert "Use SASL_SSL" in problem.message
+
+
+def test_a_ca_of_the_apps_choosing_is_refused_unless_its_name_is_allowed() -> None:
+    ca = {"securityProtocol": "SSL", "caCertificate": {"secretRef": {"name": "my-own-ca"}}}
+    source = streaming_app(security=ca)
+
+    assert reasons(source, AccessPolicy()) == ["CaCertificateNotAllowed"]
+    assert reasons(source, AccessPolicy(ca_secrets=("platform-kafka-ca",))) == [
+        "CaCertificateNotAllowed"
+    ]
+    assert reasons(source, AccessPolicy(ca_secrets=("*",))) == []
+    assert reasons(streaming_app(security={"securityProtocol": "SSL"}), AccessPolicy()) == []
+
+
+def test_every_secret_a_pod_or_the_operator_would_use_is_found() -> None:
+    source = streaming_app(
+        security={**SASL_SSL, "caCertificate": {"secretRef": {"name": "kafka-ca"}}},
+        env=[
+            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "api", "key": "token"}}},
+            {"name": "USER", "valueFrom": {"secretKeyRef": {"name": "kafka-user", "key": "u"}}},
+            {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "api", "key": "mode"}}},
+        ],
+    )
+
+    assert referenced_secrets(StreamingApp.model_validate(source)) == {
+        "kafka-user": ["spec.kafka.security.credentials", "spec.env USER"],
+        "kafka-ca": ["spec.kafka.security.caCertificate"],
+        "api": ["spec.env TOKEN"],
+    }
+
+
+# --- The operator against the API server, with the chart's RBAC ---------------------------------
+
+
+@dataclass
+class Platform:
+    """The local API server with its audit log, the operator's ServiceAccount as the chart
+    installs it (serving APPS), an admin client and the operator's own client."""
+
+    server: LocalApiServer
+    audit_log: Path
+    admin: KubeApi
+    operator: KubeApi
+    service_account: str
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def apply(self, source: dict[str, Any]) -> None:
+        self.admin.request("POST", f"/apis/{API_VERSION}/namespaces/{APPS}/{PLURAL}", body=source)
+
+    def secret(self, name: str, data: dict[str, str], *, labelled: bool) -> None:
+        key, value = LABEL.split("=")
+        metadata: dict[str, Any] = {"name": name, "labels": {key: value} if labelled else {}}
+        encoded = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
+        body = {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "data": encoded}
+        self.admin.request("POST", f"/api/v1/namespaces/{APPS}/secrets", body=body)
+
+    def poll(self, source: dict[str, Any], policy: AccessPolicy) -> timedelta | None:
+        controller = AppController(
+            self.operator,
+            APPS,
+            name=source["metadata"]["name"],
+            events=lambda *event: self.events.append(event),
+            metrics=OperatorMetrics(),
+            policy=policy,
+        )
+        try:
+            return controller.poll()
+        finally:
+            controller.close()
+
+    def degraded(self, source: dict[str, Any]) -> dict[str, Any]:
+        name = source["metadata"]["name"]
+        app = self.admin.request("GET", f"/apis/{API_VERSION}/namespaces/{APPS}/{PLURAL}/{name}")
+        conditions = app["status"]["conditions"]
+        found: dict[str, Any] = next(c for c in conditions if c["type"] == "Degraded")
+        assert found["status"] == "True", found
+        return found
+
+    def pods(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.admin.request("GET", f"/api/v1/namespaces/{APPS}/pods")[
+            "items"
+        ]
+        return items
+
+    def secret_requests(self) -> list[AuditedRequest]:
+        """Every request of the operator's ServiceAccount on Secrets, allowed or not."""
+        return [
+            request
+            for request in read_audit_log(self.audit_log)
+            if request.user == self.service_account and request.attributes.resource == "secrets"
+        ]
+
+
+def kube_with_token(url: str, token: str | None) -> KubeApi:
+    configuration = Configuration(host=url)
+    if token is not None:
+        configuration.api_key = {"BearerToken": token}
+        configuration.api_key_prefix = {"BearerToken": "Bearer"}
+    return KubeApi(ApiClient(configuration))
+
+
+@pytest.fixture(scope="module")
+def chart() -> list[Manifest]:
+    """The chart as a platform installs it to serve APPS."""
+    return render({"watch": {"namespaces": [APPS]}})
+
+
+@pytest.fixture
+def platform(tmp_path: Path, chart: list[Manifest]) -> Iterator[Platform]:
+    audit_log = tmp_path / "audit.log"
+    with LocalApiServer(crd_paths=[ROOT / "crds"], audit_log=audit_log) as server:
+        write_kubeconfig(tmp_path / "kubeconfig", server.url)
+        admin = KubeApi.from_kubeconfig(tmp_path / "kubeconfig")
+        for namespace in (OPERATOR_NAMESPACE, APPS):
+            body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+            admin.request("POST", "/api/v1/namespaces", body=body)
+        account = one(chart, "ServiceAccount")
+        admin.request(
+            "POST", f"/api/v1/namespaces/{OPERATOR_NAMESPACE}/serviceaccounts", body=account
+        )
+        rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces"
+        for kind, plural in (("Role", "roles"), ("RoleBinding", "rolebindings")):
+            for manifest in of_kind(chart, kind):
+                admin.request("POST", f"{rbac}/{APPS}/{plural}", body=manifest)
+        name = account["metadata"]["name"]
+        token = admin.request(
+            "POST",
+            f"/api/v1/namespaces/{OPERATOR_NAMESPACE}/serviceaccounts/{name}/token",
+            body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}},
+        )["status"]["token"]
+        operator = kube_with_token(server.url, token)
+        try:
+            yield Platform(
+                server,
+                audit_log,
+                admin,
+                operator,
+                f"system:serviceaccount:{OPERATOR_NAMESPACE}:{name}",
+            )
+        finally:
+            operator.close()
+            admin.close()
+
+
+@pytest.fixture
+def attacker() -> Iterator[socket.socket]:
+    """A server someone who may create StreamingApps runs, to collect credentials."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.setblocking(False)
+        yield listener
+
+
+def test_an_app_that_would_send_credentials_elsewhere_is_refused_before_any_secret_is_read(
+    platform: Platform, attacker: socket.socket
+) -> None:
+    # The platform's own Kafka credentials, labelled for StreamingApps to use with its Kafka.
+    platform.secret("kafka-user", {"username": "platform", "password": "s3cret"}, labelled=True)
+    host, port = attacker.getsockname()
+    source = streaming_app(f"{host}:{port}", SASL_SSL)
+    platform.apply(source)
+
+    platform.poll(source, AccessPolicy(bootstrap_servers=(PLATFORM_KAFKA,)))
+
+    degraded = platform.degraded(source)
+    assert degraded["reason"] == "BootstrapServersNotAllowed"
+    assert f"{host}:{port}" in degraded["message"]
+    assert ("Warning", "BootstrapServersNotAllowed", degraded["message"]) in platform.events
+    assert platform.pods() == []
+    assert platform.secret_requests() == [], "no Secret was read"
+    with pytest.raises(BlockingIOError):
+        attacker.accept()  # and nothing connected to the attacker's server
+
+
+@pytest.mark.parametrize(
+    "naming",
+    [
+        {"security": SASL_SSL},
+        {
+            "security": {
+                "securityProtocol": "SSL",
+                "caCertificate": {"secretRef": {"name": "kafka-user"}},
+            }
+        },
+        {"env": [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "kafka-user", "key": "p"}}}]},
+    ],
+    ids=["kafka-credentials", "kafka-ca", "env"],
+)
+def test_an_unlabelled_secret_is_refused_and_never_sent_to_the_operator(
+    platform: Platform, naming: dict[str, Any]
+) -> None:
+    platform.secret("kafka-user", {"username": "admin", "password": "not-yours"}, labelled=False)
+    source = streaming_app(**naming)
+    platform.apply(source)
+
+    platform.poll(source, AccessPolicy(bootstrap_servers=(PLATFORM_KAFKA,), ca_secrets=("*",)))
+
+    degraded = platform.degraded(source)
+    assert degraded["reason"] == "SecretNotAllowed"
+    assert "Secret 'kafka-user'" in degraded["message"]
+    assert f"kubectl label secret -n {APPS} kafka-user {LABEL}" in degraded["message"]
+    assert ("Warning", "SecretNotAllowed", degraded["message"]) in platform.events
+    assert platform.pods() == []
+    requests = platform.secret_requests()
+    assert requests, "the operator looked for the Secret"
+    for request in requests:
+        assert request.allowed
+        assert request.attributes.verb == "list"
+        query = parse_qs(urlsplit(request.attributes.path).query)
+        assert query["labelSelector"] == [LABEL]
+        assert query["fieldSelector"] == ["metadata.name=kafka-user"]
+        # The API server filtered by the label: that very request returns nothing.
+        assert platform.admin.request("GET", request.attributes.path)["items"] == []
+
+
+def test_an_app_naming_only_labelled_secrets_gets_pods_that_reference_them(
+    platform: Platform, kafka_front: KafkaFront
+) -> None:
+    platform.secret("api", {"token": "t0ken"}, labelled=True)
+    env = [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "api", "key": "token"}}}]
+    source = streaming_app(kafka_front.bootstrap_servers, env=env)
+    admin = AdminClient({"bootstrap.servers": kafka_front.bootstrap_servers})
+    for topic in (*source["spec"]["kafka"]["inputTopics"], source["spec"]["kafka"]["outputTopic"]):
+        admin.create_topics([NewTopic(topic, 2)])[topic].result(30)
+    platform.apply(source)
+
+    platform.poll(source, AccessPolicy())
+
+    [pod] = platform.pods()
+    [container] = pod["spec"]["containers"]
+    assert {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "api", "key": "token"}}} in (
+        container["env"]
+    )
+    assert [r.attributes.verb for r in platform.secret_requests()] == ["list"]
