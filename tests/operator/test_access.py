@@ -1,40 +1,24 @@
 """The platform's policy: no StreamingApp makes the operator read a Secret it may not, or send
 credentials where the platform did not allow them (a confused deputy).
 
-The rules are pure (`refusals`); the rest runs the operator's control loop in this process,
-with the chart's ServiceAccount and RBAC, against the local API server and its audit log: what
-the operator asked of the API server is in the log, so what it did not read is shown, not
-assumed. No Spark and no kubelet: the pods are objects that nothing runs.
+The rules are pure (`refusals`); the rest runs the operator's control loop with the chart's
+RBAC against the local API server and its audit log (in_process.py), which shows what the
+operator read and what it did not.
 """
 
-import base64
 import socket
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from datetime import timedelta
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
-from kubernetes.client import ApiClient, Configuration
 
-from smoothscale.api.models import API_VERSION, PLURAL, StreamingApp
-from smoothscale.devcluster.apiserver import LocalApiServer, write_kubeconfig
-from smoothscale.devcluster.apiserver.auth import AuditedRequest, read_audit_log
+from smoothscale.api.models import StreamingApp
 from smoothscale.devcluster.kafkafront import KafkaFront
-from smoothscale.kubeapi import KubeApi
 from smoothscale.operator.access import AccessPolicy, referenced_secrets, refusals
-from smoothscale.operator.metrics import OperatorMetrics
-from smoothscale.operator.reconcile import AppController
-from tests.chart.helm import NAMESPACE as OPERATOR_NAMESPACE
-from tests.chart.helm import Manifest, of_kind, one, render
+from tests.operator.in_process import APPS, LABEL, Platform, create_topics
+from tests.operator.in_process import streaming_app as any_app
 
-ROOT = Path(__file__).resolve().parents[2]
-APPS = "shop"
-LABEL = "smoothscale.io/streamingapps=allowed"
 PLATFORM_KAFKA = "kafka-0.kafka.svc:9093"
 
 SASL_SSL = {
@@ -47,24 +31,7 @@ SASL_SSL = {
 def streaming_app(
     bootstrap: str = PLATFORM_KAFKA, security: dict[str, Any] | None = None, **spec: Any
 ) -> dict[str, Any]:
-    name = f"app-{uuid.uuid4().hex[:6]}"
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "StreamingApp",
-        "metadata": {"name": name, "namespace": APPS},
-        "spec": {
-            "image": "registry.example/counter:1.0",
-            "pipeline": {"ref": "examples.pipelines.running_count:pipeline"},
-            "kafka": {
-                "bootstrapServers": bootstrap,
-                "security": security or {},
-                "inputTopics": [f"{name}-in"],
-                "outputTopic": f"{name}-out",
-                "stateStores": [{"name": "counts"}],
-            },
-            **spec,
-        },
-    }
+    return any_app(bootstrap, security, **spec)
 
 
 def reasons(source: dict[str, Any], policy: AccessPolicy) -> list[str]:
@@ -149,116 +116,6 @@ def test_every_secret_a_pod_or_the_operator_would_use_is_found() -> None:
 # --- The operator against the API server, with the chart's RBAC ---------------------------------
 
 
-@dataclass
-class Platform:
-    """The local API server with its audit log, the operator's ServiceAccount as the chart
-    installs it (serving APPS), an admin client and the operator's own client."""
-
-    server: LocalApiServer
-    audit_log: Path
-    admin: KubeApi
-    operator: KubeApi
-    service_account: str
-    events: list[tuple[str, str, str]] = field(default_factory=list)
-
-    def apply(self, source: dict[str, Any]) -> None:
-        self.admin.request("POST", f"/apis/{API_VERSION}/namespaces/{APPS}/{PLURAL}", body=source)
-
-    def secret(self, name: str, data: dict[str, str], *, labelled: bool) -> None:
-        key, value = LABEL.split("=")
-        metadata: dict[str, Any] = {"name": name, "labels": {key: value} if labelled else {}}
-        encoded = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
-        body = {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "data": encoded}
-        self.admin.request("POST", f"/api/v1/namespaces/{APPS}/secrets", body=body)
-
-    def poll(self, source: dict[str, Any], policy: AccessPolicy) -> timedelta | None:
-        controller = AppController(
-            self.operator,
-            APPS,
-            name=source["metadata"]["name"],
-            events=lambda *event: self.events.append(event),
-            metrics=OperatorMetrics(),
-            policy=policy,
-        )
-        try:
-            return controller.poll()
-        finally:
-            controller.close()
-
-    def degraded(self, source: dict[str, Any]) -> dict[str, Any]:
-        name = source["metadata"]["name"]
-        app = self.admin.request("GET", f"/apis/{API_VERSION}/namespaces/{APPS}/{PLURAL}/{name}")
-        conditions = app["status"]["conditions"]
-        found: dict[str, Any] = next(c for c in conditions if c["type"] == "Degraded")
-        assert found["status"] == "True", found
-        return found
-
-    def pods(self) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = self.admin.request("GET", f"/api/v1/namespaces/{APPS}/pods")[
-            "items"
-        ]
-        return items
-
-    def secret_requests(self) -> list[AuditedRequest]:
-        """Every request of the operator's ServiceAccount on Secrets, allowed or not."""
-        return [
-            request
-            for request in read_audit_log(self.audit_log)
-            if request.user == self.service_account and request.attributes.resource == "secrets"
-        ]
-
-
-def kube_with_token(url: str, token: str | None) -> KubeApi:
-    configuration = Configuration(host=url)
-    if token is not None:
-        configuration.api_key = {"BearerToken": token}
-        configuration.api_key_prefix = {"BearerToken": "Bearer"}
-    return KubeApi(ApiClient(configuration))
-
-
-@pytest.fixture(scope="module")
-def chart() -> list[Manifest]:
-    """The chart as a platform installs it to serve APPS."""
-    return render({"watch": {"namespaces": [APPS]}})
-
-
-@pytest.fixture
-def platform(tmp_path: Path, chart: list[Manifest]) -> Iterator[Platform]:
-    audit_log = tmp_path / "audit.log"
-    with LocalApiServer(crd_paths=[ROOT / "crds"], audit_log=audit_log) as server:
-        write_kubeconfig(tmp_path / "kubeconfig", server.url)
-        admin = KubeApi.from_kubeconfig(tmp_path / "kubeconfig")
-        for namespace in (OPERATOR_NAMESPACE, APPS):
-            body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
-            admin.request("POST", "/api/v1/namespaces", body=body)
-        account = one(chart, "ServiceAccount")
-        admin.request(
-            "POST", f"/api/v1/namespaces/{OPERATOR_NAMESPACE}/serviceaccounts", body=account
-        )
-        rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces"
-        for kind, plural in (("Role", "roles"), ("RoleBinding", "rolebindings")):
-            for manifest in of_kind(chart, kind):
-                admin.request("POST", f"{rbac}/{APPS}/{plural}", body=manifest)
-        name = account["metadata"]["name"]
-        token = admin.request(
-            "POST",
-            f"/api/v1/namespaces/{OPERATOR_NAMESPACE}/serviceaccounts/{name}/token",
-            body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}},
-        )["status"]["token"]
-        operator = kube_with_token(server.url, token)
-        try:
-            yield Platform(
-                server,
-                audit_log,
-                admin,
-                operator,
-                f"system:serviceaccount:{OPERATOR_NAMESPACE}:{name}",
-            )
-        finally:
-            operator.close()
-            admin.close()
-
-
 @pytest.fixture
 def attacker() -> Iterator[socket.socket]:
     """A server someone who may create StreamingApps runs, to collect credentials."""
@@ -278,7 +135,7 @@ def test_an_app_that_would_send_credentials_elsewhere_is_refused_before_any_secr
     source = streaming_app(f"{host}:{port}", SASL_SSL)
     platform.apply(source)
 
-    platform.poll(source, AccessPolicy(bootstrap_servers=(PLATFORM_KAFKA,)))
+    platform.controller(source, AccessPolicy(bootstrap_servers=(PLATFORM_KAFKA,))).poll()
 
     degraded = platform.degraded(source)
     assert degraded["reason"] == "BootstrapServersNotAllowed"
@@ -311,7 +168,8 @@ def test_an_unlabelled_secret_is_refused_and_never_sent_to_the_operator(
     source = streaming_app(**naming)
     platform.apply(source)
 
-    platform.poll(source, AccessPolicy(bootstrap_servers=(PLATFORM_KAFKA,), ca_secrets=("*",)))
+    policy = AccessPolicy(bootstrap_servers=(PLATFORM_KAFKA,), ca_secrets=("*",))
+    platform.controller(source, policy).poll()
 
     degraded = platform.degraded(source)
     assert degraded["reason"] == "SecretNotAllowed"
@@ -337,12 +195,10 @@ def test_an_app_naming_only_labelled_secrets_gets_pods_that_reference_them(
     platform.secret("api", {"token": "t0ken"}, labelled=True)
     env = [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "api", "key": "token"}}}]
     source = streaming_app(kafka_front.bootstrap_servers, env=env)
-    admin = AdminClient({"bootstrap.servers": kafka_front.bootstrap_servers})
-    for topic in (*source["spec"]["kafka"]["inputTopics"], source["spec"]["kafka"]["outputTopic"]):
-        admin.create_topics([NewTopic(topic, 2)])[topic].result(30)
+    create_topics(kafka_front.bootstrap_servers, source)
     platform.apply(source)
 
-    platform.poll(source, AccessPolicy())
+    platform.controller(source, AccessPolicy()).poll()
 
     [pod] = platform.pods()
     [container] = pod["spec"]["containers"]
