@@ -32,6 +32,10 @@ class PodView:
     crash: str | None = None
     """Why its container keeps failing, when it waits to be restarted (CrashLoopBackOff): the
     exit code and the last line of the termination message; None while it starts or runs."""
+    failed: str | None = None
+    """Why the pod has ended for good (phase Failed: evicted for exceeding its storage, or by
+    a node short of memory or disk), reason and message; None while it may run. Such a pod is
+    never restarted, and stays until someone deletes it."""
 
     @classmethod
     def of(cls, pod: JsonObject) -> "PodView":
@@ -51,6 +55,7 @@ class PodView:
             annotations=dict(meta.get("annotations") or {}),
             restarts=restarts,
             crash=_crash(status),
+            failed=_failed(status),
         )
 
 
@@ -65,6 +70,14 @@ def _crash(status: JsonObject) -> str | None:
         last = next((line for line in reversed(lines) if line), None)
         return f"{text}: {last}" if last else text
     return None
+
+
+def _failed(status: JsonObject) -> str | None:
+    if status.get("phase") != "Failed":
+        return None
+    reason = status.get("reason") or "Failed"
+    message = status.get("message")
+    return f"{reason}: {message}" if message else str(reason)
 
 
 def _ordinal(name: str) -> int | None:

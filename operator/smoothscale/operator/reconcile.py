@@ -240,9 +240,10 @@ class AppController:
                 )
             )
 
-        # Observe the pods; create the missing ones first: a pod is an instance from the
-        # moment it exists, so its warm-ups start while its Spark session starts.
-        pods = observe_pods(self.kube, self.namespace, self.name)
+        # Observe the pods (a pod that failed for good is deleted: it is lost); create the
+        # missing ones first: a pod is an instance from the moment it exists, so its warm-ups
+        # start while its Spark session starts.
+        pods = self._delete_failed(observe_pods(self.kube, self.namespace, self.name))
         roll = self._roll(app, desired, pods)
         try:
             pods = self._create_missing_pods(app, desired + (1 if roll.surge else 0), pods)
@@ -509,6 +510,22 @@ class AppController:
             created = self.kube.request("POST", pods_path(self.namespace), body=pod)
             pods[name] = PodView.of(created)
             self.events("Normal", "PodCreated", f"created instance pod {name}")
+        return pods
+
+    def _delete_failed(self, pods: dict[str, PodView]) -> dict[str, PodView]:
+        """A pod that failed for good (evicted) never runs again but stays until deleted: delete
+        it, so that it counts as lost (its tasks fail over) and is created again, empty."""
+        for name, pod in sorted(pods.items()):
+            if pod.failed is None or pod.terminating:
+                continue
+            self.events(
+                "Warning",
+                "InstanceFailed",
+                f"pod {name} has failed for good ({pod.failed}): deleting it; its tasks move to "
+                "the other instances and it is created again, to warm up from the changelogs",
+            )
+            self._delete_pod(name)
+            pods[name] = replace(pod, terminating=True)
         return pods
 
     def _delete_drained(self, instance: str) -> None:
