@@ -804,14 +804,7 @@ class AppController:
                     kafka.writer.write(instance, assignment)
             statuses = {name: InstanceStatus(ready=pod.ready) for name, pod in live.items()}
             progress = kafka.reader.read(statuses, max(ledger.tasks, default=-1) + 1)
-        except (
-            ValidationError,
-            KafkaException,
-            MissingSecretError,
-            AccessRefused,
-            TimeoutError,
-            RuntimeError,
-        ):
+        except _TEAR_DOWN_ERRORS:
             log.exception("could not release the tasks of %s/%s", self.namespace, self.name)
             return False
         return all(item.report.role is not ReportedRole.ACTIVE for item in progress.values())
@@ -828,14 +821,7 @@ class AppController:
                 kafka.writer.forget(instance)
                 kafka.reader.forget(instance)
             kafka.ledgers.write(replace(ledger, assignments={}, joined={}))
-        except (
-            ValidationError,
-            KafkaException,
-            MissingSecretError,
-            AccessRefused,
-            TimeoutError,
-            RuntimeError,
-        ):
+        except _TEAR_DOWN_ERRORS:
             log.exception("could not clear the instances of %s/%s", self.namespace, self.name)
 
     def close(self) -> None:
@@ -843,6 +829,17 @@ class AppController:
             self._kafka.close()
             self._kafka = None
         self.metrics.forget_app(self.namespace, self.name)
+
+
+_TEAR_DOWN_ERRORS = (
+    ValidationError,
+    KafkaException,
+    MissingSecretError,
+    AccessRefused,
+    TimeoutError,
+    RuntimeError,
+)
+"""What keeps a step of a deletion from Kafka; the step is logged and tried again."""
 
 
 @dataclass(frozen=True)
