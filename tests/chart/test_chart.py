@@ -16,8 +16,8 @@ from kubernetes_validate.utils import latest_version
 
 from smoothscale import __version__
 from smoothscale.cli import build_parser
-from smoothscale.operator.access import AccessPolicy
 from smoothscale.operator.cli import access_policy
+from smoothscale.operator.policy import AccessPolicy
 from tests.chart.helm import (
     CHART,
     NAMESPACE,

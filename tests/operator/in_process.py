@@ -21,8 +21,8 @@ from smoothscale.api.models import API_VERSION, PLURAL
 from smoothscale.devcluster.apiserver import LocalApiServer, write_kubeconfig
 from smoothscale.devcluster.apiserver.auth import AuditedRequest, read_audit_log
 from smoothscale.kubeapi import MERGE_PATCH, KubeApi
-from smoothscale.operator.access import AccessPolicy
 from smoothscale.operator.metrics import OperatorMetrics
+from smoothscale.operator.policy import AccessPolicy
 from smoothscale.operator.reconcile import AppController
 from tests.chart.helm import NAMESPACE as OPERATOR_NAMESPACE
 from tests.chart.helm import Manifest, of_kind, one

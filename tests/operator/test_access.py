@@ -15,7 +15,8 @@ import pytest
 
 from smoothscale.api.models import StreamingApp
 from smoothscale.devcluster.kafkafront import KafkaFront
-from smoothscale.operator.access import AccessPolicy, referenced_secrets, refusals
+from smoothscale.operator.access import referenced_secrets, refusals
+from smoothscale.operator.policy import AccessPolicy
 from tests.operator.in_process import APPS, LABEL, Platform, create_topics
 from tests.operator.in_process import streaming_app as any_app
 

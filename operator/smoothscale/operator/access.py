@@ -5,8 +5,9 @@ operator reads those Secrets with its own permissions and sends the credentials 
 servers, and its pods map Secrets into the environment of the app's own code. Left unchecked, an
 app could make the operator read a Secret its author cannot read and send it to a broker its
 author runs: a confused deputy. So the platform that installs the operator gives it a policy
-(the chart's `secrets` and `kafka` values, docs/install.md "Security"), and an app must pass it
-before the operator reads a Secret, connects to Kafka or creates a pod for it:
+(`policy.AccessPolicy`: the chart's `secrets` and `kafka` values, docs/install.md "Security"),
+and an app must pass it before the operator reads a Secret, connects to Kafka or creates a pod
+for it:
 
 - `refusals`: what the spec asks and the policy does not allow (its bootstrap servers, SASL over
   plain text, a CA of its own). Pure: nothing at all is read for an app refused here.
@@ -17,36 +18,11 @@ before the operator reads a Secret, connects to Kafka or creates a pod for it:
 """
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
 from smoothscale.api.models import SecurityProtocol, StreamingApp
+from smoothscale.operator.policy import AccessPolicy
 from smoothscale.operator.status import Problem
-
-DEFAULT_SECRET_LABEL = ("smoothscale.io/streamingapps", "allowed")
-"""The label a Secret carries when the platform lets StreamingApps use it (the chart's default)."""
-
-
-@dataclass(frozen=True)
-class AccessPolicy:
-    """What the platform allows StreamingApps (the operator's flags, from the chart's values)."""
-
-    secret_label: tuple[str, str] = DEFAULT_SECRET_LABEL
-    """(key, value): the operator reads, and its pods reference, only Secrets with this label."""
-    bootstrap_servers: tuple[str, ...] = ()
-    """host:port patterns (fnmatch: `*`, `?`, `[...]`) of the Kafka servers apps may name.
-    Empty: any server, but only without credentials, which then go nowhere."""
-    allow_sasl_plaintext: bool = False
-    """Whether an app may send its SASL credentials unencrypted (SASL_PLAINTEXT)."""
-    ca_secrets: tuple[str, ...] = ()
-    """Name patterns of the Secrets an app may name as the CA its brokers are verified
-    against (spec.kafka.security.caCertificate). Empty: none, the image's CAs verify them."""
-
-    @property
-    def secret_selector(self) -> str:
-        """The label selector every read of a Secret carries."""
-        key, value = self.secret_label
-        return f"{key}={value}"
 
 
 class AccessRefused(Exception):

@@ -18,8 +18,8 @@ import random
 import re
 from typing import TYPE_CHECKING
 
-from smoothscale.operator.access import DEFAULT_SECRET_LABEL, AccessPolicy
 from smoothscale.operator.pods import BASE_PORT
+from smoothscale.operator.policy import DEFAULT_SECRET_LABEL, AccessPolicy
 
 if TYPE_CHECKING:
     from smoothscale.cli import Subparsers

@@ -21,8 +21,6 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from kubernetes.utils import parse_quantity
-
 from smoothscale.api.models import API_VERSION, KIND, StreamingApp, application_id
 from smoothscale.operator.kafka_client import security_settings
 from smoothscale.runtime.config import (
@@ -321,6 +319,9 @@ def _resources(app: StreamingApp) -> JsonObject:
 
 
 def _quantity(value: int | str) -> Decimal:
+    # Imported here: `smoothscale --help` imports this module, and must stay quick.
+    from kubernetes.utils import parse_quantity
+
     quantity: Decimal = parse_quantity(value)  # type: ignore[no-untyped-call]
     return quantity
 

@@ -42,13 +42,7 @@ from smoothscale.kafka import names
 from smoothscale.kafka.assignments import AssignmentWriter, describe
 from smoothscale.kafka.progress import ProgressReader, ReportedRole, TaskProgress
 from smoothscale.kubeapi import MERGE_PATCH, KubeApi, KubeApiError
-from smoothscale.operator.access import (
-    AccessPolicy,
-    AccessRefused,
-    referenced_secrets,
-    refusals,
-    unlabelled,
-)
+from smoothscale.operator.access import AccessRefused, referenced_secrets, refusals, unlabelled
 from smoothscale.operator.catchup import CatchUpWatch, Heartbeats, Stalled
 from smoothscale.operator.handover import (
     InstanceStatus,
@@ -75,6 +69,7 @@ from smoothscale.operator.pods import (
     instance_role,
     pod_template_hash,
 )
+from smoothscale.operator.policy import AccessPolicy
 from smoothscale.operator.status import Problem, Snapshot, app_status, busy
 from smoothscale.operator.topics import TopicCheck, TopicManager
 from smoothscale.planner.model import PlannerConfig
