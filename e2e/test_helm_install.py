@@ -81,6 +81,11 @@ def release(request: pytest.FixtureRequest, cluster: Cluster, namespace: str) ->
         f"instancePort={instances}",
         "--set",
         f"peering.enabled={str(peering).lower()}",
+        # The secured app may send its credentials to this Kafka, which speaks no TLS here.
+        "--set",
+        f"kafka.allowedBootstrapServers={{{cluster.kafka_bootstrap}}}",
+        "--set",
+        "kafka.allowSaslPlaintext=true",
         "--wait",
         "--timeout",
         "180s",
@@ -176,8 +181,9 @@ def unused_permissions(
 
 
 def secured_app(cluster: Cluster, namespace: str) -> dict[str, Any]:
-    """An app whose Kafka wants SASL credentials from a Secret (the brokers here do not speak
-    SASL: the operator reads the Secret, then reports the app Degraded)."""
+    """An app whose Kafka wants SASL credentials from a Secret labelled for StreamingApps (the
+    brokers here do not speak SASL: the operator reads the Secret, then reports the app
+    Degraded)."""
     app = streaming_app(cluster, namespace)
     app["metadata"]["name"] = "secured"
     app["spec"]["kafka"]["security"] = {
@@ -221,6 +227,14 @@ def test_the_chart_runs_the_operator_which_scales_an_app_with_exactly_its_rbac(
         namespace,
         "--from-literal=username=app",
         "--from-literal=password=secret",
+    )
+    kubectl.ok(
+        "label",
+        "secret",
+        "kafka-credentials",
+        "-n",
+        namespace,
+        "smoothscale.io/streamingapps=allowed",
     )
     kubectl.ok("apply", "-f", "-", stdin=json.dumps(secured_app(cluster, namespace)))
     kubectl.wait_for(lambda: degraded(kubectl, namespace, "secured"), "the secured app's status")

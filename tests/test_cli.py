@@ -31,3 +31,13 @@ def test_version_answers_without_heavy_imports() -> None:
 def test_unknown_subcommand_is_refused() -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["no-such-command"])
+
+
+@pytest.mark.parametrize("label", ["smoothscale.io/streamingapps", "key=", "bad key=x"])
+def test_an_operator_secret_label_that_is_not_a_label_is_refused_with_an_example(
+    label: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["operator", "--namespace", "shop", "--secret-label", label])
+
+    assert "write KEY=VALUE" in capsys.readouterr().err

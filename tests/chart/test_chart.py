@@ -15,6 +15,9 @@ import yaml
 from kubernetes_validate.utils import latest_version
 
 from smoothscale import __version__
+from smoothscale.cli import build_parser
+from smoothscale.operator.cli import access_policy
+from smoothscale.operator.policy import AccessPolicy
 from tests.chart.helm import (
     CHART,
     NAMESPACE,
@@ -33,7 +36,9 @@ OPERATOR_PERMISSIONS: dict[tuple[str, str], set[str]] = {
     ("smoothscale.io", "streamingapps/status"): {"patch"},
     ("", "pods"): {"list", "watch", "create", "delete", "patch"},
     ("", "events"): {"create"},
-    ("", "secrets"): {"get"},
+    # Only list, with a label selector: RBAC cannot limit reads by label, so the operator never
+    # gets a Secret by name (smoothscale.operator.observe.observe_secrets).
+    ("", "secrets"): {"list"},
 }
 # kopf peering: keep-alives in a KopfPeering (namespaced) or ClusterKopfPeering (cluster-wide).
 PEERING_VERBS = {"list", "watch", "patch"}
@@ -252,6 +257,50 @@ def test_operator_runs_locked_down(values: dict[str, Any]) -> None:
     assert container["resources"]["limits"]["memory"]
 
 
+def test_the_operator_is_bounded_in_cpu_and_memory_and_the_values_say_how_much() -> None:
+    default = operator_container(render())["resources"]
+    given = {
+        "requests": {"cpu": "250m", "memory": "384Mi"},
+        "limits": {"cpu": "2", "memory": "1Gi"},
+    }
+
+    assert set(default["requests"]) == set(default["limits"]) == {"cpu", "memory"}
+    assert operator_container(render({"resources": given}))["resources"] == given
+
+
+def operator_policy(container: Manifest) -> AccessPolicy:
+    """The policy the operator runs with: its command line, parsed as `smoothscale` parses it."""
+    return access_policy(build_parser().parse_args(container["args"]))
+
+
+def test_a_fresh_install_sends_credentials_nowhere_and_reads_only_labelled_secrets() -> None:
+    policy = operator_policy(operator_container(render()))
+
+    assert policy == AccessPolicy()
+    assert policy.bootstrap_servers == ()
+    assert policy.allow_sasl_plaintext is False
+    assert policy.ca_secrets == ()
+    assert policy.secret_selector == "smoothscale.io/streamingapps=allowed"
+
+
+def test_the_platforms_allow_lists_reach_the_operator() -> None:
+    values = {
+        "secrets": {"label": {"key": "platform.example/kafka", "value": "yes"}},
+        "kafka": {
+            "allowedBootstrapServers": ["kafka-*.kafka.svc:9093", "kafka.other.example:9094"],
+            "allowSaslPlaintext": True,
+            "allowedCaSecrets": ["kafka-cluster-ca"],
+        },
+    }
+
+    assert operator_policy(operator_container(render(values))) == AccessPolicy(
+        secret_label=("platform.example/kafka", "yes"),
+        bootstrap_servers=("kafka-*.kafka.svc:9093", "kafka.other.example:9094"),
+        allow_sasl_plaintext=True,
+        ca_secrets=("kafka-cluster-ca",),
+    )
+
+
 def test_the_only_writable_path_is_an_empty_dir_at_tmp() -> None:
     manifests = render()
     pod = one(manifests, "Deployment")["spec"]["template"]["spec"]
@@ -421,6 +470,8 @@ def test_service_monitor_scrapes_the_metrics_service() -> None:
         ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
         ({"watch": {"namespaces": ["Team_A"]}}, "/watch/namespaces/0"),
         ({"resources": {"limits": {"memory": "lots"}}}, "/resources/limits/memory"),
+        ({"kafka": {"allowedBootstrapServers": ["kafka.svc"]}}, "/kafka/allowedBootstrapServers/0"),
+        ({"secrets": {"label": {"key": "smoothscale.io/ok", "value": ""}}}, "/secrets/label/value"),
     ],
     ids=[
         "typo",
@@ -432,6 +483,8 @@ def test_service_monitor_scrapes_the_metrics_service() -> None:
         "pull-policy",
         "namespace-name",
         "quantity",
+        "server-without-port",
+        "empty-label-value",
     ],
 )
 def test_values_schema_rejects_mistakes(values: dict[str, Any], message: str) -> None:

@@ -79,4 +79,4 @@ def test_a_missing_secret_key_is_named_with_what_to_do(
 
     with pytest.raises(MissingSecretError, match=message) as raised:
         client_config(kafka(SASL_SSL), partial)
-    assert "create the Secret" in str(raised.value)
+    assert "add it to the Secret" in str(raised.value)

@@ -7,10 +7,12 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from kubernetes.utils import parse_quantity
 from kubernetes_validate.utils import latest_version
 
 from smoothscale.api.models import StreamingApp
 from smoothscale.operator.pods import (
+    MIN_MEMORY_LIMIT,
     TEMPLATE_HASH_ANNOTATION,
     InstanceRole,
     PodSpecError,
@@ -23,6 +25,7 @@ from smoothscale.operator.pods import (
     worker_config,
 )
 from smoothscale.runtime.config import CONFIG_ENV, WorkerConfig
+from smoothscale.runtime.spark import DRIVER_MEMORY
 from smoothscale.tasks import TaskRole
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -198,7 +201,10 @@ def test_a_minimal_app_gets_a_pod_running_the_worker_with_defaults() -> None:
     assert worker["image"] == "registry.example/counter:1.0"
     assert worker["imagePullPolicy"] == "IfNotPresent"
     assert [*worker["command"], *worker["args"]] == ["smoothscale", "worker"]
-    assert "resources" not in worker
+    assert worker["resources"] == {
+        "requests": {"cpu": "1", "memory": "2Gi"},
+        "limits": {"cpu": "2", "memory": "2Gi"},
+    }
     assert worker["ports"] == [{"name": "http", "containerPort": 8082, "protocol": "TCP"}]
     assert env_of(pod)["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env_of(pod)["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == (
@@ -324,6 +330,83 @@ def test_the_working_directory_home_state_and_tmp_are_writable_volumes() -> None
     state_dir = Path(worker["workingDir"]) / config_of(pod)["state_dir"]
     for path in (worker["workingDir"], str(state_dir), "/tmp"):
         assert mounted[path] in empty_dirs
+
+
+# --- Resources: bounded by default ------------------------------------------------------------
+
+
+def with_spec(**spec: Any) -> dict[str, Any]:
+    source = json.loads(json.dumps(MINIMAL))
+    source["spec"].update(spec)
+    assert isinstance(source, dict)
+    return source
+
+
+def test_an_instance_is_bounded_by_default_and_its_memory_never_overcommitted() -> None:
+    pod = build_pod(app(MINIMAL), 0, OWNER_UID)
+    resources = container(pod)["resources"]
+
+    for resource in ("cpu", "memory"):
+        assert parse_quantity(resources["requests"][resource]) > 0
+        assert parse_quantity(resources["limits"][resource]) >= parse_quantity(
+            resources["requests"][resource]
+        )
+    # At its memory request it is among the last pods a node under memory pressure evicts.
+    assert resources["requests"]["memory"] == resources["limits"]["memory"]
+    assert parse_quantity(resources["limits"]["memory"]) >= parse_quantity(MIN_MEMORY_LIMIT)
+    # The driver's heap fits well inside (Spark's "512m" is MiB).
+    assert parse_quantity(DRIVER_MEMORY.replace("m", "Mi")) * 3 <= parse_quantity(MIN_MEMORY_LIMIT)
+
+
+def test_every_volume_the_instance_writes_to_has_a_size_limit_and_the_state_one_the_specs() -> None:
+    default = build_pod(app(MINIMAL), 0, OWNER_UID)
+    sized = build_pod(app(with_spec(stateVolume={"sizeLimit": "50Gi"})), 0, OWNER_UID)
+
+    def size_limits(pod: dict[str, Any]) -> dict[str, Any]:
+        return {
+            volume["name"]: volume["emptyDir"].get("sizeLimit")
+            for volume in pod["spec"]["volumes"]
+            if "emptyDir" in volume
+        }
+
+    assert set(size_limits(default)) == {"home", "state", "tmp"}
+    assert all(size_limits(default).values())
+    assert size_limits(default)["state"] == "10Gi"
+    assert size_limits(sized)["state"] == "50Gi"
+    assert size_limits(sized)["tmp"] == size_limits(default)["tmp"]
+
+
+def test_the_spec_replaces_the_default_requests_and_limits_and_may_drop_the_limits() -> None:
+    given = {"requests": {"cpu": "4", "memory": "8Gi"}, "limits": {"memory": "8Gi"}}
+    unlimited = {"limits": {}}
+
+    assert container(build_pod(app(with_spec(resources=given)), 0, OWNER_UID))["resources"] == (
+        given
+    )
+    dropped = container(build_pod(app(with_spec(resources=unlimited)), 0, OWNER_UID))
+    assert dropped["resources"] == {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {}}
+
+
+@pytest.mark.parametrize(
+    ("resources", "message"),
+    [
+        (
+            {"requests": {"cpu": "4"}},
+            r"spec.resources.requests.cpu \(4\) is above spec.resources.limits.cpu \(2\).*"
+            "raise the limit",
+        ),
+        (
+            {"limits": {"memory": "1Gi"}},
+            r"spec.resources.limits.memory \(1Gi\) is too small.*at least 1536Mi",
+        ),
+    ],
+    ids=["request-above-limit", "memory-below-the-driver"],
+)
+def test_resources_no_instance_can_run_in_are_refused_saying_what_to_change(
+    resources: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(PodSpecError, match=message):
+        build_pod(app(with_spec(resources=resources)), 0, OWNER_UID)
 
 
 def test_probes_ask_the_workers_endpoints_and_give_spark_time_to_start() -> None:

@@ -73,7 +73,7 @@ each rule). `peeringResource` is kopfpeerings (namespaced) or clusterkopfpeering
   verbs: ["create"]
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get"]
+  verbs: ["list"]
 {{- if .root.Values.peering.enabled }}
 - apiGroups: ["kopf.dev"]
   resources: [{{ .peeringResource | quote }}]

@@ -278,13 +278,35 @@ class PullPolicy(StrEnum):
     NEVER = "Never"
 
 
+DEFAULT_REQUESTS: dict[str, int | str] = {"cpu": "1", "memory": "2Gi"}
+"""What the scheduler reserves for an instance unless the spec says otherwise."""
+DEFAULT_LIMITS: dict[str, int | str] = {"cpu": "2", "memory": "2Gi"}
+"""The most an instance may use unless the spec says otherwise: the Spark driver's two task
+threads, and memory for its JVM (512m heap) and Python processes, about 1.1 GiB measured at
+small sizes (docs/decisions/instance-pods.md, Resources)."""
+
+
 class ResourceRequirements(ApiModel):
     """CPU and memory for each instance pod (core/v1 ResourceRequirements, without claims)."""
 
-    limits: dict[str, Quantity] | None = None
-    """The most the instance may use, e.g. {cpu: "2", memory: 4Gi}."""
-    requests: dict[str, Quantity] | None = None
-    """What the scheduler reserves for the instance, e.g. {cpu: 500m, memory: 2Gi}."""
+    limits: dict[str, Quantity] = DEFAULT_LIMITS
+    """The most the instance may use: above its memory limit its container is OOM-killed and
+    restarted, above its CPU limit it is throttled. Giving limits replaces these defaults
+    whole; {} sets none."""
+    requests: dict[str, Quantity] = DEFAULT_REQUESTS
+    """What the scheduler reserves for the instance (each request at most its limit). Giving
+    requests replaces these defaults whole; a resource with a limit and no request gets its
+    limit as request (Kubernetes)."""
+
+
+class StateVolume(ApiModel):
+    """The instance's local disk for its state stores: an emptyDir on its node."""
+
+    size_limit: Quantity = "10Gi"
+    """The most the state stores of one instance may take on its node's disk. The kubelet
+    evicts a pod whose state outgrows it: its tasks fail over and the operator re-creates it,
+    empty, to restore them from their changelogs. Size it for every task an instance holds
+    (active, standby and warm-up) and room for the store's compactions."""
 
 
 class KeySelector(ApiModel):
@@ -649,8 +671,14 @@ class StreamingAppSpec(ApiModel):
     """The container image of the instances: smoothscale's image plus the pipeline's code."""
     image_pull_policy: PullPolicy = PullPolicy.IF_NOT_PRESENT
     """Always, IfNotPresent or Never."""
-    resources: ResourceRequirements | None = None
-    """CPU and memory per instance."""
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements, json_schema_extra={"default": {}}
+    )
+    """CPU and memory per instance; bounded by default."""
+    state_volume: StateVolume = Field(
+        default_factory=StateVolume, json_schema_extra={"default": {}}
+    )
+    """The local disk of each instance's state stores."""
     env: Annotated[
         list[EnvVar] | None,
         Field(max_length=256),

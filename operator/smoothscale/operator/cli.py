@@ -4,17 +4,22 @@
                          --standalone | --peering NAME [--priority N]
                          [--liveness URL] [--metrics-port 9090] [--instance-port 8080]
                          [--log-level info]
+                         [--secret-label KEY=VALUE] [--allowed-bootstrap-server PATTERN ...]
+                         [--allow-sasl-plaintext] [--allowed-ca-secret PATTERN ...]
 
 It connects to the cluster it runs in (its service account), or to the kubeconfig's current
-context outside a cluster (KUBECONFIG).
+context outside a cluster (KUBECONFIG). The last four flags are the platform's policy for what
+StreamingApps may do with credentials (smoothscale.operator.access; docs/install.md, Security).
 """
 
 import argparse
 import logging
 import random
+import re
 from typing import TYPE_CHECKING
 
 from smoothscale.operator.pods import BASE_PORT
+from smoothscale.operator.policy import DEFAULT_SECRET_LABEL, AccessPolicy
 
 if TYPE_CHECKING:
     from smoothscale.cli import Subparsers
@@ -75,7 +80,66 @@ def register(subparsers: "Subparsers[argparse.ArgumentParser]") -> None:
         help=f"instance n's pod serves /metrics and its probes on PORT + n (default {BASE_PORT})",
     )
     parser.add_argument("--log-level", default="info", help="debug, info (default), warning, error")
+    access = parser.add_argument_group(
+        "what StreamingApps may do with credentials (docs/install.md, Security)"
+    )
+    access.add_argument(
+        "--secret-label",
+        type=_label,
+        default=DEFAULT_SECRET_LABEL,
+        metavar="KEY=VALUE",
+        help="read, and let instance pods reference, only Secrets with this label (default "
+        f"{'='.join(DEFAULT_SECRET_LABEL)})",
+    )
+    access.add_argument(
+        "--allowed-bootstrap-server",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="a host:port pattern (fnmatch: *, ?, [...]) of Kafka servers apps may name; repeat "
+        "for more. None: apps may name any server, but only without credentials",
+    )
+    access.add_argument(
+        "--allow-sasl-plaintext",
+        action="store_true",
+        help="let apps send SASL credentials over unencrypted connections (SASL_PLAINTEXT)",
+    )
+    access.add_argument(
+        "--allowed-ca-secret",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="a name pattern of Secrets apps may name as the CA of their brokers; repeat for "
+        "more. None: apps may not, the image's CAs verify the brokers",
+    )
     parser.set_defaults(handler=_run)
+
+
+_LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, equals, value = text.partition("=")
+    if not equals or not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(value):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a label: write KEY=VALUE with a Kubernetes label key and value, "
+            f"e.g. {'='.join(DEFAULT_SECRET_LABEL)}"
+        )
+    return key, value
+
+
+def access_policy(args: argparse.Namespace) -> AccessPolicy:
+    """The platform's policy, from the operator's flags."""
+    return AccessPolicy(
+        secret_label=args.secret_label,
+        bootstrap_servers=tuple(args.allowed_bootstrap_server),
+        allow_sasl_plaintext=args.allow_sasl_plaintext,
+        ca_secrets=tuple(args.allowed_ca_secret),
+    )
 
 
 def _priority(given: int | None) -> int:
@@ -109,7 +173,11 @@ def _run(args: argparse.Namespace) -> int:
             clusterwide=bool(args.all_namespaces),
             namespaces=args.namespace or (),
             liveness_endpoint=args.liveness,
-            memo=kopf.Memo(instance_port=args.instance_port, peering=args.peering is not None),
+            memo=kopf.Memo(
+                instance_port=args.instance_port,
+                peering=args.peering is not None,
+                policy=access_policy(args),
+            ),
         )
     finally:
         server.stop()

@@ -107,7 +107,13 @@ def control_loop(
 
     kube = KubeApi.connect()
     controller = AppController(
-        kube, namespace, name=name, events=post, metrics=METRICS, instance_port=memo.instance_port
+        kube,
+        namespace,
+        name=name,
+        events=post,
+        metrics=METRICS,
+        instance_port=memo.instance_port,
+        policy=memo.policy,
     )
     try:
         while not stopped:
@@ -167,6 +173,7 @@ def release_on_delete(
         events=post,
         metrics=METRICS,
         instance_port=memo.instance_port,
+        policy=memo.policy,
     )
     try:
         done = controller.tear_down(waited=runtime)

@@ -1,14 +1,16 @@
 """The librdkafka settings for a StreamingApp's Kafka cluster, on both sides of the pod boundary.
 
 spec.kafka.security names Secrets, never values. The operator's own clients (topic set-up,
-reading reports and changelog ends) read the Secrets through the Kubernetes API and put the
-values into their settings (`client_config`). The instances never see a Secret's value in
+reading reports and changelog ends) take the values from the Secrets, read through the
+Kubernetes API once the app has passed the platform's policy (`smoothscale.operator.access`),
+and put them into their settings (`client_config`). The instances never see a Secret's value in
 their config: the pod maps the username and password into env vars with secretKeyRef, and the
 CA into a mounted file (`smoothscale.operator.pods`). What both sides share, the protocol and
 the mechanism, is `security_settings`.
 """
 
-from collections.abc import Callable
+import base64
+from collections.abc import Callable, Mapping
 
 from smoothscale.api.models import KafkaSecurity, KafkaSpec
 
@@ -19,6 +21,16 @@ The Secret is in the StreamingApp's namespace."""
 
 class MissingSecretError(ValueError):
     """A Secret or key that spec.kafka.security names does not exist; the message says which."""
+
+
+def lookup_in(secrets: Mapping[str, Mapping[str, str]]) -> SecretLookup:
+    """Look values up in Secrets read from the API: their data, by Secret name (base64)."""
+
+    def value(name: str, key: str) -> str | None:
+        encoded = secrets.get(name, {}).get(key)
+        return None if encoded is None else base64.b64decode(encoded).decode()
+
+    return value
 
 
 def security_settings(security: KafkaSecurity) -> dict[str, str]:
@@ -54,7 +66,7 @@ def _read(secret: SecretLookup, name: str, key: str, what: str) -> str:
     if value is None:
         raise MissingSecretError(
             f"the Kafka {what} is missing: spec.kafka.security names key {key!r} of Secret "
-            f"{name!r}, which does not exist in the StreamingApp's namespace; create the Secret "
-            "with that key, or change spec.kafka.security to name the right one"
+            f"{name!r}, which has no such key; add it to the Secret, or change "
+            "spec.kafka.security to name the right key"
         )
     return value

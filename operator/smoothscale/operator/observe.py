@@ -1,10 +1,11 @@
-"""What the operator observes of an app in Kubernetes: its instance pods.
+"""What the operator observes of an app in Kubernetes: its instance pods and its Secrets.
 
 Kafka is observed through smoothscale.kafka.progress (the reports and changelog ends) and
 smoothscale.operator.topics (the topics); this module reads the pods, one list request per poll
-with the app's label selector.
+with the app's label selector, and the Secrets the app names, only those the platform labelled.
 """
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,10 @@ class PodView:
     crash: str | None = None
     """Why its container keeps failing, when it waits to be restarted (CrashLoopBackOff): the
     exit code and the last line of the termination message; None while it starts or runs."""
+    failed: str | None = None
+    """Why the pod has ended for good (phase Failed: evicted for exceeding its storage, or by
+    a node short of memory or disk), reason and message; None while it may run. Such a pod is
+    never restarted, and stays until someone deletes it."""
 
     @classmethod
     def of(cls, pod: JsonObject) -> "PodView":
@@ -50,6 +55,7 @@ class PodView:
             annotations=dict(meta.get("annotations") or {}),
             restarts=restarts,
             crash=_crash(status),
+            failed=_failed(status),
         )
 
 
@@ -64,6 +70,14 @@ def _crash(status: JsonObject) -> str | None:
         last = next((line for line in reversed(lines) if line), None)
         return f"{text}: {last}" if last else text
     return None
+
+
+def _failed(status: JsonObject) -> str | None:
+    if status.get("phase") != "Failed":
+        return None
+    reason = status.get("reason") or "Failed"
+    message = status.get("message")
+    return f"{reason}: {message}" if message else str(reason)
 
 
 def _ordinal(name: str) -> int | None:
@@ -84,3 +98,27 @@ def observe_pods(kube: KubeApi, namespace: str, app_name: str) -> dict[str, PodV
     )
     pods = (PodView.of(item) for item in listing.get("items") or [])
     return {pod.name: pod for pod in pods}
+
+
+def secrets_path(namespace: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/secrets"
+
+
+def observe_secrets(
+    kube: KubeApi, namespace: str, names: Iterable[str], label_selector: str
+) -> dict[str, dict[str, str]]:
+    """The named Secrets that match `label_selector`, by name, with their data (base64, as the
+    API serves it). Never a get by name: RBAC cannot limit reads by label, so each Secret is
+    listed with the label selector and a metadata.name field selector, and the API server
+    itself leaves out a Secret without the label; its data never reaches the operator."""
+    found: dict[str, dict[str, str]] = {}
+    for name in names:
+        listing = kube.request(
+            "GET",
+            secrets_path(namespace),
+            query={"labelSelector": label_selector, "fieldSelector": f"metadata.name={name}"},
+        )
+        for item in listing.get("items") or []:
+            if (item.get("metadata") or {}).get("name") == name:
+                found[name] = dict(item.get("data") or {})
+    return found

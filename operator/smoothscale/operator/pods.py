@@ -16,6 +16,7 @@ is the operator's `--instance-port` (so two local stacks on one machine can keep
 import hashlib
 import json
 import re
+from decimal import Decimal
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from smoothscale.runtime.config import (
     SASL_USERNAME_ENV,
     WorkerConfig,
 )
+from smoothscale.runtime.spark import DRIVER_MEMORY
 from smoothscale.tasks import TaskRole
 
 JsonObject = dict[str, Any]
@@ -56,6 +58,11 @@ IMAGE_HOME = "/home/smoothscale"
 """The image's HOME and working directory; a writable emptyDir in the pod."""
 STATE_DIR = Path("state")
 """The instance's local state stores, relative to the working directory (an emptyDir)."""
+HOME_SIZE_LIMIT = "1Gi"
+"""The working directory holds nothing but the state mount; a bound, not a budget."""
+TMP_SIZE_LIMIT = "2Gi"
+"""Spark's scratch space (its query checkpoint and shuffle files of micro-batches, which the
+source caps per partition)."""
 CA_DIR = "/etc/smoothscale/kafka-ca"
 CA_FILE = "ca.crt"
 
@@ -278,10 +285,45 @@ def _container(app: StreamingApp, config: WorkerConfig) -> JsonObject:
             "capabilities": {"drop": ["ALL"]},
         },
         "volumeMounts": _volume_mounts(app),
+        "resources": _resources(app),
     }
-    if spec.resources is not None:
-        container["resources"] = spec.resources.to_kubernetes()
     return container
+
+
+MIN_MEMORY_LIMIT = "1536Mi"
+"""The least memory limit an instance can run in: its driver JVM (512m heap) and Python
+processes took about 1.1 GiB at small sizes (docs/decisions/instance-pods.md, Resources)."""
+
+
+def _resources(app: StreamingApp) -> JsonObject:
+    """The container's requests and limits, checked: a memory limit below MIN_MEMORY_LIMIT would
+    only OOM-kill the instance, and Kubernetes refuses a request above its limit."""
+    resources = app.spec.resources
+    memory = resources.limits.get("memory")
+    if memory is not None and _quantity(memory) < _quantity(MIN_MEMORY_LIMIT):
+        raise PodSpecError(
+            f"spec.resources.limits.memory ({memory}) is too small for an instance: its Spark "
+            f"driver's JVM ({DRIVER_MEMORY} heap) and Python processes need about 1.1 GiB, so "
+            f"the instance would be OOM-killed; give it at least {MIN_MEMORY_LIMIT}"
+        )
+    for resource, request in resources.requests.items():
+        limit = resources.limits.get(resource)
+        if limit is not None and _quantity(request) > _quantity(limit):
+            raise PodSpecError(
+                f"spec.resources.requests.{resource} ({request}) is above "
+                f"spec.resources.limits.{resource} ({limit}): a request may not exceed its "
+                "limit (requests or limits left out of the spec get their defaults); lower the "
+                "request or raise the limit"
+            )
+    return resources.to_kubernetes()
+
+
+def _quantity(value: int | str) -> Decimal:
+    # Imported here: `smoothscale --help` imports this module, and must stay quick.
+    from kubernetes.utils import parse_quantity
+
+    quantity: Decimal = parse_quantity(value)  # type: ignore[no-untyped-call]
+    return quantity
 
 
 def _env(app: StreamingApp, config: WorkerConfig) -> list[JsonObject]:
@@ -328,9 +370,9 @@ def _probe(path: str, period_seconds: int, failure_threshold: int) -> JsonObject
 
 def _volumes(app: StreamingApp) -> list[JsonObject]:
     volumes: list[JsonObject] = [
-        {"name": "home", "emptyDir": {}},
-        {"name": "state", "emptyDir": {}},
-        {"name": "tmp", "emptyDir": {}},
+        {"name": "home", "emptyDir": {"sizeLimit": HOME_SIZE_LIMIT}},
+        {"name": "state", "emptyDir": {"sizeLimit": app.spec.state_volume.size_limit}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE_LIMIT}},
     ]
     ca = app.spec.kafka.security.ca_certificate
     if ca is not None:

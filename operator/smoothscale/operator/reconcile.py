@@ -2,8 +2,9 @@
 
 `AppController.poll()` is the whole spine, top to bottom:
 
-1. observe the spec, the Kafka topics (created when missing), the pods, the instances'
-   reports and the changelog ends;
+1. observe the spec, and validate it against the platform's policy before any Secret is read,
+   any Kafka server connected to or any pod created (`access`); then the Kafka topics (created
+   when missing), the pods, the instances' reports and the changelog ends;
 2. plan one safe step of the hand-over protocol (`handover.step`, pure);
 3. act, in an order that survives a crash between any two writes: the ledger record first
    (the operator's memory, in the assignments topic), then the instances' assignments, then
@@ -41,6 +42,7 @@ from smoothscale.kafka import names
 from smoothscale.kafka.assignments import AssignmentWriter, describe
 from smoothscale.kafka.progress import ProgressReader, ReportedRole, TaskProgress
 from smoothscale.kubeapi import MERGE_PATCH, KubeApi, KubeApiError
+from smoothscale.operator.access import AccessRefused, referenced_secrets, refusals, unlabelled
 from smoothscale.operator.catchup import CatchUpWatch, Heartbeats, Stalled
 from smoothscale.operator.handover import (
     InstanceStatus,
@@ -52,20 +54,22 @@ from smoothscale.operator.handover import (
     release_all,
     step,
 )
-from smoothscale.operator.kafka_client import MissingSecretError, client_config
+from smoothscale.operator.kafka_client import MissingSecretError, client_config, lookup_in
 from smoothscale.operator.ledger import LedgerRecord, rebuild
 from smoothscale.operator.metrics import OperatorMetrics, TaskLag
-from smoothscale.operator.observe import PodView, observe_pods, pods_path
+from smoothscale.operator.observe import PodView, observe_pods, observe_secrets, pods_path
 from smoothscale.operator.pods import (
     BASE_PORT,
     ROLE_LABEL,
     TEMPLATE_HASH_ANNOTATION,
+    PodSpecError,
     app_selector,
     build_pod,
     instance_name,
     instance_role,
     pod_template_hash,
 )
+from smoothscale.operator.policy import AccessPolicy
 from smoothscale.operator.status import Problem, Snapshot, app_status, busy
 from smoothscale.operator.topics import TopicCheck, TopicManager
 from smoothscale.planner.model import PlannerConfig
@@ -143,11 +147,14 @@ class AppController:
         events: EventSink,
         metrics: OperatorMetrics,
         instance_port: int = BASE_PORT,
+        policy: AccessPolicy,
         clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self.kube = kube
         self.instance_port = instance_port
         """Instance n's pod listens on instance_port + n (the operator's --instance-port)."""
+        self.policy = policy
+        """What the platform lets StreamingApps do with credentials (the operator's flags)."""
         self.namespace = namespace
         self.name = name
         self.events = events
@@ -197,11 +204,19 @@ class AppController:
         generation = body.get("metadata", {}).get("generation")
         scaling = app.spec.scaling
 
+        # Validate what the app asks of the platform before anything is read or connected to.
+        try:
+            secrets = self._admit(app)
+        except AccessRefused as refused:
+            return self._degraded(app, generation, now, list(refused.problems))
+
         # Observe Kafka: the topics, created when missing, tell the task count.
         try:
-            kafka = self._kafka_clients(app)
+            kafka = self._kafka_clients(app, secrets)
             check = kafka.topics.ensure(app)
-        except (KafkaException, MissingSecretError) as error:
+        except MissingSecretError as error:
+            return self._degraded(app, generation, now, [Problem("SecretKeyMissing", str(error))])
+        except KafkaException as error:
             return self._degraded(app, generation, now, [_kafka_problem(error)])
         for topic in check.created:
             self.events("Normal", "TopicCreated", f"created Kafka topic {topic}")
@@ -220,11 +235,16 @@ class AppController:
                 )
             )
 
-        # Observe the pods; create the missing ones first: a pod is an instance from the
-        # moment it exists, so its warm-ups start while its Spark session starts.
-        pods = observe_pods(self.kube, self.namespace, self.name)
+        # Observe the pods (a pod that failed for good is deleted: it is lost); create the
+        # missing ones first: a pod is an instance from the moment it exists, so its warm-ups
+        # start while its Spark session starts.
+        pods = self._delete_failed(observe_pods(self.kube, self.namespace, self.name))
         roll = self._roll(app, desired, pods)
-        pods = self._create_missing_pods(app, desired + (1 if roll.surge else 0), pods)
+        try:
+            pods = self._create_missing_pods(app, desired + (1 if roll.surge else 0), pods)
+        except PodSpecError as error:
+            problem = Problem("InvalidPodSpec", f"no instance pod can be built: {error}")
+            return self._degraded(app, generation, now, [problem, *problems])
         live = {name: pod for name, pod in pods.items() if not pod.terminating}
         problems += _crash_problems(self.namespace, live)
         statuses = self._instance_statuses(live, desired, scaling, now, roll)
@@ -320,8 +340,27 @@ class AppController:
         self._scaling = status.last_scaling
         self._desired = status.desired_replicas
 
-    def _kafka_clients(self, app: StreamingApp) -> _KafkaClients:
-        config = client_config(app.spec.kafka, self._secret)
+    def _admit(self, app: StreamingApp) -> dict[str, dict[str, str]]:
+        """The Secrets the app names (their data), once the app has passed the platform's
+        policy; raises AccessRefused first if it does not, before any Secret is read. Only
+        Secrets with the policy's label are read (`observe_secrets`): one named without it is
+        refused without its data ever reaching the operator."""
+        refused = refusals(app, self.policy)
+        if refused:
+            raise AccessRefused(refused)
+        named = referenced_secrets(app)
+        secrets = observe_secrets(
+            self.kube, self.namespace, sorted(named), self.policy.secret_selector
+        )
+        missing = unlabelled(named, secrets, self.namespace, self.policy)
+        if missing:
+            raise AccessRefused(missing)
+        return secrets
+
+    def _kafka_clients(
+        self, app: StreamingApp, secrets: Mapping[str, Mapping[str, str]]
+    ) -> _KafkaClients:
+        config = client_config(app.spec.kafka, lookup_in(secrets))
         settings = tuple(sorted(config.items()))
         if self._kafka is not None and self._kafka.settings == settings:
             return self._kafka
@@ -342,18 +381,6 @@ class AppController:
         )
         self.ledger = None
         return self._kafka
-
-    def _secret(self, name: str, key: str) -> str | None:
-        import base64
-
-        try:
-            secret = self.kube.request("GET", f"/api/v1/namespaces/{self.namespace}/secrets/{name}")
-        except KubeApiError as error:
-            if error.status == 404:
-                return None
-            raise
-        encoded = (secret.get("data") or {}).get(key)
-        return None if encoded is None else base64.b64decode(encoded).decode()
 
     def _roll(self, app: StreamingApp, desired: int, pods: Mapping[str, PodView]) -> "_Roll":
         """The rolling update, derived from the pods alone (so it survives an operator restart
@@ -478,6 +505,22 @@ class AppController:
             created = self.kube.request("POST", pods_path(self.namespace), body=pod)
             pods[name] = PodView.of(created)
             self.events("Normal", "PodCreated", f"created instance pod {name}")
+        return pods
+
+    def _delete_failed(self, pods: dict[str, PodView]) -> dict[str, PodView]:
+        """A pod that failed for good (evicted) never runs again but stays until deleted: delete
+        it, so that it counts as lost (its tasks fail over) and is created again, empty."""
+        for name, pod in sorted(pods.items()):
+            if pod.failed is None or pod.terminating:
+                continue
+            self.events(
+                "Warning",
+                "InstanceFailed",
+                f"pod {name} has failed for good ({pod.failed}): deleting it; its tasks move to "
+                "the other instances and it is created again, to warm up from the changelogs",
+            )
+            self._delete_pod(name)
+            pods[name] = replace(pod, terminating=True)
         return pods
 
     def _delete_drained(self, instance: str) -> None:
@@ -729,12 +772,12 @@ class AppController:
 
     def _delete_state(self, app: StreamingApp) -> None:
         try:
-            deleted = self._kafka_clients(app).topics.delete_state(app)
-        except (KafkaException, MissingSecretError) as error:
+            deleted = self._kafka_clients(app, self._admit(app)).topics.delete_state(app)
+        except (KafkaException, MissingSecretError, AccessRefused) as error:
             self.events(
                 "Warning",
                 "StateNotDeleted",
-                f"deletionPolicy is Delete but Kafka refused to delete the app's state topics "
+                f"deletionPolicy is Delete but the app's state topics could not be deleted "
                 f"({error}); delete its changelog and assignments topics with your Kafka tools",
             )
             return
@@ -746,7 +789,7 @@ class AppController:
         """Give every instance nothing (once); whether none reports a task active any more."""
         try:
             app = StreamingApp.model_validate({**body, "status": None})
-            kafka = self._kafka_clients(app)
+            kafka = self._kafka_clients(app, self._admit(app))
             kafka_ledger, assignments = kafka.ledgers.read()
             ledger = rebuild(None, kafka_ledger, assignments, {})
             if not holds_nothing(ledger):
@@ -756,7 +799,7 @@ class AppController:
                     kafka.writer.write(instance, assignment)
             statuses = {name: InstanceStatus(ready=pod.ready) for name, pod in live.items()}
             progress = kafka.reader.read(statuses, max(ledger.tasks, default=-1) + 1)
-        except (ValidationError, KafkaException, MissingSecretError, TimeoutError, RuntimeError):
+        except _TEAR_DOWN_ERRORS:
             log.exception("could not release the tasks of %s/%s", self.namespace, self.name)
             return False
         return all(item.report.role is not ReportedRole.ACTIVE for item in progress.values())
@@ -766,14 +809,14 @@ class AppController:
         (best effort: an app re-created under the same name treats its pods as new anyway)."""
         try:
             app = StreamingApp.model_validate({**body, "status": None})
-            kafka = self._kafka_clients(app)
+            kafka = self._kafka_clients(app, self._admit(app))
             kafka_ledger, assignments = kafka.ledgers.read()
             ledger = rebuild(None, kafka_ledger, assignments, {})
             for instance in sorted(assignments):
                 kafka.writer.forget(instance)
                 kafka.reader.forget(instance)
             kafka.ledgers.write(replace(ledger, assignments={}, joined={}))
-        except (ValidationError, KafkaException, MissingSecretError, TimeoutError, RuntimeError):
+        except _TEAR_DOWN_ERRORS:
             log.exception("could not clear the instances of %s/%s", self.namespace, self.name)
 
     def close(self) -> None:
@@ -781,6 +824,17 @@ class AppController:
             self._kafka.close()
             self._kafka = None
         self.metrics.forget_app(self.namespace, self.name)
+
+
+_TEAR_DOWN_ERRORS = (
+    ValidationError,
+    KafkaException,
+    MissingSecretError,
+    AccessRefused,
+    TimeoutError,
+    RuntimeError,
+)
+"""What keeps a step of a deletion from Kafka; the step is logged and tried again."""
 
 
 @dataclass(frozen=True)
