@@ -26,6 +26,7 @@ from smoothscale.operator.handover import (
     Observation,
     Ownership,
     Step,
+    current_pods_reports,
     forget,
     holds_nothing,
     release_all,
@@ -658,3 +659,29 @@ def test_never_two_active_holders_and_always_settles_balanced(
     counts = [len(cluster.actives()[n]) for n in live_kept]
     assert max(counts) - min(counts) <= 1
     assert sum(counts) == tasks
+
+
+def test_only_the_reports_of_the_pod_a_name_stands_for_now_count() -> None:
+    def report(instance: str, uid: str | None) -> TaskProgress:
+        return TaskProgress(
+            instance, TaskReport(1, ReportedRole.ACTIVE, 1, 4, {"counts": 0}, uid=uid), 0
+        )
+
+    reports = {
+        ("a", 1): report("a", "a-1"),  # a predecessor's, or a process that outlived its pod
+        ("b", 1): report("b", "b-2"),
+        ("c", 1): report("c", None),  # an instance of an older version
+        ("d", 1): report("d", "d-1"),  # no pod known for d
+    }
+    kept = current_pods_reports(reports, {"a": "a-2", "b": "b-2", "c": "c-1"})
+    assert set(kept) == {("b", 1), ("c", 1), ("d", 1)}
+
+
+def test_assignments_are_addressed_to_a_pod_and_written_again_for_its_successor() -> None:
+    statuses = {"a": InstanceStatus(uid="a-1")}
+    first = step(Ledger(), Observation(statuses, {}), 1, CONFIG)
+    assert first.writes["a"].uid == "a-1"
+    again = step(first.ledger, Observation(statuses, {}), 1, CONFIG)
+    assert again.writes == {}
+    successor = step(first.ledger, Observation({"a": InstanceStatus(uid="a-2")}, {}), 1, CONFIG)
+    assert successor.writes["a"].uid == "a-2"

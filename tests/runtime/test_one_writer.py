@@ -317,3 +317,48 @@ def test_a_key_deleted_while_the_task_was_away_never_comes_back(
 
     assert state == cycling_reference(fed) == {"zed": 1}
     assert metrics.registry.get_sample_value("smoothscale_stale_stores_total") == 1
+
+
+def test_a_process_whose_pod_was_recreated_under_its_name_steps_down(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    """A force-deleted pod's process lives on while its successor, same name, new uid, is given
+    the task at the next epoch: the old process reads the successor's assignment as its own
+    name's, and must let go at once, committing nothing more, on a broker that does not fence
+    too. The successor is not put off by its predecessor's older records."""
+    config = app_config(embedded_kafka, tmp_path)
+    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
+    old = for_instance(config, "pod-a").model_copy(update={"instance_uid": "uid-1"})
+    new = old.model_copy(update={"instance_uid": "uid-2", "state_dir": tmp_path / "successor"})
+    fed: list[str] = []
+
+    def batch(instance: Instance) -> int:
+        produce_to_partition(config, 0, 1, "alice")
+        fed.append("alice")
+        return feed(instance)
+
+    task = {0: active(1)}
+    operator.write("pod-a", Assignment(generation=1, tasks=task, uid="uid-1"))
+    with running(old) as zombie:
+        until_active(zombie, {0: 1})
+        assert batch(zombie) == 1
+        operator.write("pod-a", Assignment(generation=2, tasks={0: active(2)}, uid="uid-2"))
+        with running(new) as successor:
+            until_active(successor, {0: 2})
+            assert not successor.replaced
+            assert batch(zombie) == 0, "the old process read nothing more"
+            assert zombie.replaced
+            assert zombie.active_tasks() == {}
+            batch(successor)
+            state = successor.state_snapshot(0)
+            report = reader.reports("pod-a", PARTITIONS)[0]
+    operator.close()
+    reader.close()
+
+    assert state == {"alice": len(fed)}
+    assert (report.role, report.uid) == (ReportedRole.ACTIVE, "uid-2")
+    log = changelog(config, 0)
+    writers = {r.writer for _o, r in log if r.kind is RecordKind.MARKER}
+    assert len(writers) == 2
+    assert replay(log).visible() == state

@@ -53,6 +53,11 @@ class Assignment(BaseModel):
 
     generation: int = Field(ge=0)
     tasks: dict[TaskId, TaskAssignment] = Field(default_factory=dict)
+    uid: str | None = Field(
+        default=None,
+        description="The uid of the pod this assignment is meant for: a process of another "
+        "pod of the same name (one that outlived its pod, or its successor) never acts on it.",
+    )
 
     def tasks_in(self, role: TaskRole) -> set[TaskId]:
         return {task for task, held in self.tasks.items() if held.role is role}
@@ -128,6 +133,12 @@ class AssignmentFollower:
 
     It reads the whole (compacted) topic from the start, then follows it; `poll` returns an
     assignment only when one with a higher generation than the last it returned has arrived.
+
+    A name is not an identity: a pod deleted by force keeps running out its grace period, a
+    partitioned node's process lives on, and a re-created pod has its predecessor's name. With
+    `uid` (the pod's), only records meant for that pod (or for no pod in particular) are
+    followed; one meant for another pod of the same name, newer than every record this pod was
+    given, means this process has been replaced: `replaced_by` names the successor's uid.
     """
 
     def __init__(
@@ -136,10 +147,17 @@ class AssignmentFollower:
         app_id: str,
         instance_id: str,
         client_config: Mapping[str, str] | None = None,
+        *,
         on_bad_record: Callable[[], None] | None = None,
+        uid: str | None = None,
     ) -> None:
         """`on_bad_record` is called for each record for this instance that does not decode."""
         self.instance_id = instance_id
+        self.uid = uid
+        self.replaced_by: str | None = None
+        """The uid of the pod that replaced this one under its name, once a record says so."""
+        self._own_generation = -1
+        """The highest generation of a record meant for this pod (-1: none yet)."""
         self._on_bad_record = on_bad_record
         self._key = instance_id.encode()
         self.topic = names.assignments_topic(app_id)
@@ -179,6 +197,13 @@ class AssignmentFollower:
                     if self._on_bad_record is not None:
                         self._on_bad_record()
                     continue
+                if self.uid is not None and assignment.uid not in (None, self.uid):
+                    # Another pod's: its successor's when newer than what this one was given;
+                    # a predecessor's (older, or before this pod's first record) otherwise.
+                    if -1 < self._own_generation < assignment.generation:
+                        self.replaced_by = assignment.uid
+                    continue
+                self._own_generation = max(self._own_generation, assignment.generation)
                 if assignment.generation > self.generation:
                     self.generation = assignment.generation
                     newest = assignment

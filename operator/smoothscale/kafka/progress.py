@@ -72,6 +72,9 @@ class TaskReport:
     """The reporting process's count of report commits, set when committed: it grows while
     the instance runs (reports go out every second), so one that stops growing tells the
     operator the instance is hung or starved, whatever its last report said."""
+    uid: str | None = None
+    """The uid of the reporting pod, set when committed: the operator counts only the reports
+    of the pod it knows under the instance's name, never a predecessor's or a zombie's."""
 
     def metadata(self) -> str:
         fields: dict[str, object] = {
@@ -89,6 +92,8 @@ class TaskReport:
             fields["error"] = self.error
         if self.beat is not None:
             fields["beat"] = self.beat
+        if self.uid is not None:
+            fields["uid"] = self.uid
         return json.dumps(fields, separators=(",", ":"))
 
 
@@ -123,8 +128,12 @@ class ProgressCommitter:
         instance_id: str,
         changelog_topics: Mapping[str, str],
         client_config: Mapping[str, str] | None = None,
+        *,
+        uid: str | None = None,
     ) -> None:
+        """`uid`: the reporting pod's, stamped on every report."""
         self.group = names.instance_group(app_id, instance_id)
+        self._uid = uid
         self._changelog_topics = dict(changelog_topics)
         self._consumer = Consumer(
             {
@@ -137,14 +146,14 @@ class ProgressCommitter:
 
     def commit(self, reports: Iterable[TaskReport]) -> None:
         """Commit `reports` in one OffsetCommit request and wait for the answer; each carries
-        this committer's next beat."""
+        this committer's next beat and its pod's uid."""
         self._beat += 1
         offsets = [
             TopicPartition(
                 self._changelog_topics[store],
                 report.task,
                 position,
-                metadata=replace(report, beat=self._beat).metadata(),
+                metadata=replace(report, beat=self._beat, uid=self._uid).metadata(),
             )
             for report in reports
             for store, position in sorted(report.positions.items())
@@ -169,6 +178,7 @@ def parse_report(
         seen_epoch = fields.get("seenEpoch")
         error = fields.get("error")
         beat = fields.get("beat")
+        uid = fields.get("uid")
         return TaskReport(
             task=task,
             role=ReportedRole(fields["role"]),
@@ -182,6 +192,7 @@ def parse_report(
             seen_epoch=None if seen_epoch is None else int(seen_epoch),
             error=None if error is None else str(error),
             beat=None if beat is None else int(beat),
+            uid=None if uid is None else str(uid),
         )
     except (ValueError, KeyError, TypeError, AttributeError):
         return None

@@ -120,6 +120,8 @@ class InstanceStatus:
     """One live instance as observed at this poll."""
 
     ready: bool = True
+    uid: str | None = None
+    """Its pod's uid: its assignments are meant for that pod alone."""
     draining: bool = False
     """Being removed by a scale-in."""
     force_release: bool = False
@@ -173,11 +175,13 @@ def step(ledger: Ledger, observed: Observation, tasks: int, config: PlannerConfi
     changed = {
         instance: held
         for instance, held in assignments.items()
-        if ledger.assignments.get(instance) is None or ledger.assignments[instance].tasks != held
+        if (last := ledger.assignments.get(instance)) is None
+        or last.tasks != held
+        or last.uid != live[instance].uid
     }
     generation = ledger.generation + 1 if changed else ledger.generation
     writes = {
-        instance: Assignment(generation=generation, tasks=held)
+        instance: Assignment(generation=generation, tasks=held, uid=live[instance].uid)
         for instance, held in changed.items()
     }
     written = {
@@ -202,6 +206,23 @@ def step(ledger: Ledger, observed: Observation, tasks: int, config: PlannerConfi
 
 
 Reports = Mapping[tuple[InstanceId, TaskId], TaskProgress]
+
+
+def current_pods_reports(
+    reports: Reports, uids: Mapping[InstanceId, str | None]
+) -> dict[tuple[InstanceId, TaskId], TaskProgress]:
+    """The reports made by the pod each instance name stands for now (`uids`: its live pod's
+    uid, or for a name with no live pod, the uid of the pod its last assignment was meant
+    for). A report of another pod of the same name (a predecessor's, or a process that outlived
+    its pod) says nothing about this one: it is left out. Reports without a uid (an instance
+    of an older version) count as before."""
+    return {
+        (instance, task): progress
+        for (instance, task), progress in reports.items()
+        if not progress.report.uid
+        or not uids.get(instance)
+        or progress.report.uid == uids[instance]
+    }
 
 
 def _fresh_reports(ledger: Ledger, observed: Observation) -> Reports:
@@ -300,7 +321,8 @@ def release_all(ledger: Ledger) -> Ledger:
         generation=generation,
         tasks={task: Ownership(epoch=owner.epoch) for task, owner in ledger.tasks.items()},
         assignments={
-            instance: Assignment(generation=generation) for instance in ledger.assignments
+            instance: Assignment(generation=generation, uid=held.uid)
+            for instance, held in ledger.assignments.items()
         },
     )
 

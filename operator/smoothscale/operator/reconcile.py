@@ -39,7 +39,7 @@ from smoothscale.api.models import (
     application_id,
 )
 from smoothscale.kafka import names
-from smoothscale.kafka.assignments import AssignmentWriter, describe
+from smoothscale.kafka.assignments import Assignment, AssignmentWriter, describe
 from smoothscale.kafka.progress import ProgressReader, ReportedRole, TaskProgress
 from smoothscale.kubeapi import MERGE_PATCH, KubeApi, KubeApiError
 from smoothscale.operator.access import AccessRefused, referenced_secrets, refusals, unlabelled
@@ -49,6 +49,7 @@ from smoothscale.operator.handover import (
     Ledger,
     Observation,
     Step,
+    current_pods_reports,
     forget,
     holds_nothing,
     release_all,
@@ -163,7 +164,6 @@ class AppController:
         self.ledger: Ledger | None = None
         """The operator's memory, None until read from Kafka (and after any failed act)."""
         self._kafka: _KafkaClients | None = None
-        self._pod_uids: dict[str, str] = {}
         self._draining_since: dict[str, datetime] = {}
         self._forced: set[str] = set()
         self._deleted: set[str] = set()
@@ -255,7 +255,9 @@ class AppController:
             config = planner_config(scaling)
             previous = self.ledger  # before a re-created pod is forgotten: whom a task left
             ledger, rewrite_all = self._memory(kafka, statuses, live, tasks)
-            progress = kafka.reader.read(statuses, tasks)
+            progress = current_pods_reports(
+                kafka.reader.read(statuses, tasks), _pod_uids(ledger.assignments, live)
+            )
             holding = [name for name, held in ledger.assignments.items() if held.tasks]
             own = {  # not the reports an earlier pod of the same name left behind
                 key: item
@@ -333,8 +335,6 @@ class AppController:
         if status is None:
             return
         for instance in status.instances:
-            if instance.uid:
-                self._pod_uids[instance.name] = instance.uid
             if instance.draining_since is not None:
                 self._draining_since[instance.name] = instance.draining_since
         self._scaling = status.last_scaling
@@ -444,7 +444,7 @@ class AppController:
             if not draining:
                 self._draining_since.pop(name, None)
                 self._forced.discard(name)
-                statuses[name] = InstanceStatus(ready=pod.ready)
+                statuses[name] = InstanceStatus(ready=pod.ready, uid=pod.uid or None)
                 continue
             since = self._draining_since.setdefault(name, now)
             forced = now - since >= scaling.drain_timeout
@@ -456,7 +456,9 @@ class AppController:
                     f"{name} has drained for {scaling.drain_timeout} without its replacements "
                     "catching up: moving its tasks anyway (they restore before processing)",
                 )
-            statuses[name] = InstanceStatus(ready=pod.ready, draining=True, force_release=forced)
+            statuses[name] = InstanceStatus(
+                ready=pod.ready, uid=pod.uid or None, draining=True, force_release=forced
+            )
         return statuses
 
     def _memory(
@@ -474,10 +476,13 @@ class AppController:
         rewrite = ledger is None
         if ledger is None:
             kafka_ledger, assignments = kafka.ledgers.read()
-            reports = kafka.reader.read(statuses, tasks)
+            reports = current_pods_reports(
+                kafka.reader.read(statuses, tasks), _pod_uids(assignments, live)
+            )
             ledger = rebuild(None, kafka_ledger, assignments, reports)
         for name, pod in sorted(live.items()):
-            if self._pod_uids.get(name) not in (None, pod.uid):
+            held = ledger.assignments.get(name)
+            if held is not None and held.uid and pod.uid and held.uid != pod.uid:
                 ledger, events = forget(ledger, name)
                 if name not in self._deleted:  # not one it drained and deleted itself
                     for message in events or [
@@ -488,7 +493,6 @@ class AppController:
                         )
                 rewrite = True
             self._deleted.discard(name)
-            self._pod_uids[name] = pod.uid
         return ledger, rewrite
 
     # Act --------------------------------------------------------------------------------
@@ -905,6 +909,17 @@ HANDOVER_POLL_INTERVAL = timedelta(milliseconds=250)
 
 SILENCE_MINIMUM = timedelta(seconds=30)
 """Instances report every second; one silent this long (and 3 lag polls) is hung or starved."""
+
+
+def _pod_uids(
+    assignments: Mapping[str, Assignment], live: Mapping[str, PodView]
+) -> dict[str, str | None]:
+    """Per instance name, the uid of the pod it stands for: its live pod's, else the one its
+    last assignment was meant for."""
+    return {
+        **{name: held.uid for name, held in assignments.items()},
+        **{name: pod.uid or None for name, pod in live.items()},
+    }
 
 
 def _silence(scaling: ScalingSpec) -> timedelta:

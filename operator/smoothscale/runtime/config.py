@@ -43,6 +43,13 @@ def _instance_id_from_env() -> str:
     return os.environ.get(INSTANCE_ID_ENV, "")
 
 
+INSTANCE_UID_ENV = "POD_UID"
+
+
+def _instance_uid_from_env() -> str | None:
+    return os.environ.get(INSTANCE_UID_ENV) or None
+
+
 class WorkerConfig(BaseModel):
     """One instance's configuration."""
 
@@ -53,6 +60,13 @@ class WorkerConfig(BaseModel):
         default_factory=_instance_id_from_env,
         validate_default=True,
         description="This instance's id (its pod name); defaults to $POD_NAME.",
+    )
+    instance_uid: str | None = Field(
+        default_factory=_instance_uid_from_env,
+        exclude=True,
+        description="This instance's pod uid, from $POD_UID (never serialized: it is the pod's, "
+        "not the app's): the instance acts only on assignments meant for its pod, and stops "
+        "once one names another pod of its name.",
     )
     bootstrap_servers: str = Field(min_length=1)
     kafka_config: dict[str, str] = Field(

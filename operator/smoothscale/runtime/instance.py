@@ -242,6 +242,7 @@ class Instance:
             config.instance_id,
             client,
             on_bad_record=metrics.count_bad_assignment_record,
+            uid=config.instance_uid,
         )
         self._reports = ProgressCommitter(
             config.bootstrap_servers,
@@ -249,7 +250,11 @@ class Instance:
             config.instance_id,
             config.changelog_topics(),
             client,
+            uid=config.instance_uid,
         )
+        self.replaced = False
+        """Another pod has taken this instance's name (this process outlived its pod): it
+        holds nothing, commits nothing and reports nothing any more; the worker exits."""
         self._inputs = InputPositionCommitter(config.bootstrap_servers, config.app_id, client)
         self._offsets = restore_consumer(config)
         self._restore = RestoreLoop(config, self._count_restored)
@@ -283,6 +288,8 @@ class Instance:
         finally:
             reader.close()
         for task, report in sorted(previous.items()):
+            if report.uid is not None and report.uid != self.config.instance_uid:
+                continue  # another pod's of the same name (a predecessor's, or a zombie's)
             held = assignment.tasks.get(task)
             if held is not None and held.role is TaskRole.ACTIVE:
                 continue
@@ -345,6 +352,8 @@ class Instance:
 
     def _between_batches(self) -> None:
         """Apply the pending assignment, step activations, report when due (holding the lock)."""
+        if self._follower.replaced_by is not None and not self.replaced:
+            self._step_down(self._follower.replaced_by)
         if self.stopping:
             return
         with self._pending_lock:
@@ -354,6 +363,28 @@ class Instance:
         self._activate_caught_up()
         if time.monotonic() - self._last_report >= self.config.report_interval:
             self._report()
+
+    def _step_down(self, successor: str) -> None:
+        """This process outlived its pod: another pod (`successor`) runs under its name. Let go
+        of everything at once, with no commit and no report: the tasks are the operator's to
+        give, and what this process would say is about a pod that no longer exists."""
+        log.error(
+            "instance %s: the pod this process belongs to (uid %s) has been replaced by pod %s "
+            "under the same name: stopping every task without committing anything",
+            self.config.instance_id,
+            self.config.instance_uid,
+            successor,
+        )
+        self.replaced = self.stopping = True
+        for task in list(self._active):
+            self._stop_processing(task).state.close()
+        for task in list(self._activating):
+            self._activating.pop(task).close()
+        for task in self._restore.tasks():
+            dropped = self._restore.unfollow(task)
+            if dropped is not None:
+                dropped.close()
+        self._released, self._refused, self._fenced = {}, {}, {}
 
     def shutdown(self, timeout: float) -> bool:
         """Release every task and close everything. Waits up to `timeout` for a batch in
@@ -458,6 +489,9 @@ class Instance:
     def commit_batch(self, batch: BatchInput) -> None:
         """Apply one micro-batch: per active task, one transaction, then the local store."""
         with self.lock:
+            self._poll_assignment()  # a successor under this name may have been given tasks
+            if self._follower.replaced_by is not None and not self.replaced:
+                self._step_down(self._follower.replaced_by)
             if self.stopping:
                 return
             committed: dict[tuple[str, int], int] = {}

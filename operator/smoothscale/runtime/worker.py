@@ -267,7 +267,8 @@ def dead_letter_sender(topic: str) -> DeadLetterSender:
 
 
 def run_worker(config: WorkerConfig) -> int:
-    """Run the instance until SIGTERM (or SIGINT); returns the process exit code."""
+    """Run the instance until SIGTERM (or SIGINT), or until its pod is replaced under its name;
+    returns the process exit code."""
     pipeline = load_pipeline(config.pipeline)
     metrics = InstanceMetrics()
     server = start_http_server(config.metrics_port, metrics)
@@ -296,13 +297,14 @@ def run_worker(config: WorkerConfig) -> int:
         metrics.set_ready(True)
         log.info("instance %s ready", config.instance_id)
         keep_warm = KeepWarm(instance)
-        while stop.signal is None:
+        while stop.signal is None and not instance.replaced:
             if not query.isActive:
                 raise RuntimeError(f"the streaming query stopped: {query.exception()}")
             instance.tick()
             keep_warm.tick()
             time.sleep(TICK_SECONDS)
-        log.info("instance %s stopping on %s", config.instance_id, stop.signal)
+        reason = "its pod replaced" if instance.replaced else stop.signal
+        log.info("instance %s stopping: %s", config.instance_id, reason)
     finally:
         metrics.set_ready(False)
         released = instance.shutdown(config.shutdown_timeout)

@@ -1,0 +1,141 @@
+"""The hand-over protocol end to end in this process: the operator's real control loop
+(`AppController`, with the chart's RBAC against the local API server, see in_process.py) and
+real instances (`Instance`: stores, changelogs, transactions, restore loop, reports) for the
+pods it creates, on the Kafka front, which fences producers as Kafka does. No kubelet and no
+Spark: a pod is an `Instance` this process runs, and a micro-batch is `feed` (the running
+count, computed here instead of in Spark). Deterministic, and seconds instead of minutes, for
+the orderings a scenario with real processes can only hope to hit.
+"""
+
+import json
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Producer
+
+from smoothscale.kafka.progress import ProgressReader, ReportedRole
+from smoothscale.runtime.config import CONFIG_ENV, WorkerConfig
+from smoothscale.runtime.instance import Instance
+from smoothscale.runtime.metrics import InstanceMetrics
+from smoothscale.runtime.pipeline import load_pipeline
+from tests.operator.in_process import Platform
+from tests.runtime.instance_helpers import feed
+
+
+@dataclass
+class Pod:
+    name: str
+    uid: str
+    instance: Instance
+
+
+@dataclass
+class InProcessPods:
+    """Runs an `Instance` for every pod of the app, as a kubelet would run its container."""
+
+    platform: Platform
+    root: Path
+    pods: dict[str, Pod] = field(default_factory=dict)
+    """By pod name, the instance running for its current pod."""
+
+    def sync(self) -> None:
+        """Start an instance for each new pod (marked Ready: no Spark to wait for), and stop
+        the instance of each pod deleted (gracefully, as on SIGTERM)."""
+        objects = {pod["metadata"]["name"]: pod for pod in self.platform.pods()}
+        for name, running in list(self.pods.items()):
+            if objects.get(name, {}).get("metadata", {}).get("uid") != running.uid:
+                running.instance.shutdown(timeout=10)
+                del self.pods[name]
+        for name, pod in sorted(objects.items()):
+            if name not in self.pods:
+                self.pods[name] = self._start(pod)
+
+    def _start(self, pod: dict[str, Any]) -> Pod:
+        name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
+        [container] = pod["spec"]["containers"]
+        rendered = next(e["value"] for e in container["env"] if e["name"] == CONFIG_ENV)
+        config = WorkerConfig.model_validate(
+            {
+                **json.loads(rendered),
+                "instance_uid": uid,
+                "state_dir": str(self.root / uid),  # the pod's own disk
+                "metrics_port": 0,
+                "report_interval": 0.2,
+            }
+        )
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+        instance = Instance(
+            config, load_pipeline(config.pipeline), InstanceMetrics(), config.state_dir / "plan"
+        )
+        instance.start(first_assignment_timeout=0.5)
+        ready = {"type": "Ready", "status": "True"}
+        self.platform.set_pod_status(name, {"phase": "Running", "conditions": [ready]})
+        return Pod(name, uid, instance)
+
+    def feed(self) -> int:
+        """One micro-batch on every instance; the records they read."""
+        return sum(feed(pod.instance) for pod in self.pods.values())
+
+    def kill(self, name: str) -> Instance:
+        """Stop the pod's process at once (no release, no report), leaving its pod object."""
+        instance = self.pods.pop(name).instance
+        held, done = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with instance.lock:
+                held.set()
+                done.wait()
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        held.wait()
+        try:
+            instance.shutdown(timeout=0.01)
+        finally:
+            done.set()
+            holder.join()
+        return instance
+
+    def close(self) -> None:
+        for pod in self.pods.values():
+            pod.instance.shutdown(timeout=10)
+        self.pods.clear()
+
+
+def produce(bootstrap: str, topic: str, users: list[str], partitions: int) -> None:
+    """One running-count record per user, each to the partition its name picks."""
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for user in users:
+        producer.produce(
+            topic,
+            key=user.encode(),
+            value=json.dumps({"user": user}).encode(),
+            partition=sum(user.encode()) % partitions,
+        )
+    producer.flush(10)
+
+
+def final_counts(pods: InProcessPods) -> dict[str, int]:
+    """The state of every task, from the instances that hold it active."""
+    state: dict[str, int] = {}
+    for pod in pods.pods.values():
+        for task in pod.instance.active_tasks():
+            state.update(pod.instance.state_snapshot(task))
+    return state
+
+
+def active_holders(reader: ProgressReader, names: list[str], tasks: int) -> dict[int, str]:
+    """Per task, the instance whose current report says it holds it active."""
+    reports = reader.read(names, tasks)
+    return {
+        task: name
+        for (name, task), progress in reports.items()
+        if progress.report.role is ReportedRole.ACTIVE
+    }
+
+
+def reference(users: list[str]) -> dict[str, int]:
+    return dict(Counter(users))
