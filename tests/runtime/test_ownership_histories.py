@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -256,7 +256,7 @@ class History:
             self.assign(second, epochs[1], None)
             second.instance.tick()
 
-        self.hook = Hook(RecordKind.MARKER, second_activates)
+        self.hook = Hook("marker", second_activates)
         self.assign(first, epochs[0], None)
         self.settle(first)
         if self.hook is not None:  # the first wrote no marker (it refused the task)
@@ -269,16 +269,21 @@ class History:
     def straddle(self) -> None:
         """The owner's next batch is in the log but for its closer when the operator fails the
         task over (the owner not told) and the new owner activates."""
-
-        def fail_over() -> None:
-            destination = self.new_process()
-            self.epoch += 1
-            self.assign(destination, self.epoch, None)
-            self.owner = destination
-            destination.instance.tick()
-
-        self.hook = Hook(RecordKind.CLOSE, fail_over)
+        self.hook = Hook("closer", self._fail_over_now)
         self.log.append("the next batch straddles a fail-over")
+
+    def slot(self) -> None:
+        """The owner's next batch is in the log, not committed, when the operator fails the
+        task over and the new owner activates: its marker takes the slot of the commit."""
+        self.hook = Hook("commit", self._fail_over_now)
+        self.log.append("a fail-over in the commit slot of the next batch")
+
+    def _fail_over_now(self) -> None:
+        destination = self.new_process()
+        self.epoch += 1
+        self.assign(destination, self.epoch, None)
+        self.owner = destination
+        destination.instance.tick()
 
     def die_mid_batch(self) -> None:
         """The next batch dies with its transaction open, all but its closer in the log."""
@@ -286,7 +291,7 @@ class History:
         def die() -> None:
             raise Died
 
-        self.hook = Hook(RecordKind.CLOSE, die)
+        self.hook = Hook("closer", die)
         self.log.append("the next batch dies mid-way")
 
     # Checks -----------------------------------------------------------------------------
@@ -347,37 +352,48 @@ class History:
 
 @dataclass
 class Hook:
-    kind: RecordKind
-    """Runs before the first record of this kind a transaction of the task writes, its
-    earlier records flushed to the log; a marker's hook runs after the marker instead."""
+    where: Literal["marker", "closer", "commit"]
+    """Where in the next transaction of the task that writes there it runs: right after its
+    marker, right before a batch's closer, or after all of a batch's records (in the slot of
+    its commit marker), the records before it flushed to the log."""
     action: Callable[[], None]
 
 
 @contextmanager
 def hooked(history: History, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The task's producers run the history's hook, once, where it says."""
-    produce = TaskProducer._produce
+    produce, commit = TaskProducer._produce, TaskProducer.commit
+
+    def run(producer: TaskProducer, where: str) -> None:
+        hook = history.hook
+        if hook is not None and hook.where == where and producer.task == TASK:
+            history.hook = None
+            producer._producer.flush(10)
+            hook.action()
 
     def with_hook(producer: TaskProducer, topic: str, **record: Any) -> None:
-        hook = history.hook
         headers = dict(record["headers"])
-        ours = (
-            hook is not None
-            and producer.task == TASK
-            and headers.get(KIND_HEADER) == hook.kind.value.encode()
-            and headers.get(BATCH_HEADER) != b"0"  # not an activation's start position
-        )
-        if ours and hook is not None and hook.kind is not RecordKind.MARKER:
-            history.hook = None
-            producer._producer.flush(10)
-            hook.action()
+        kind, batch = headers.get(KIND_HEADER), headers.get(BATCH_HEADER)
+        if kind == RecordKind.CLOSE.value.encode() and batch != b"0":  # not a start position
+            run(producer, "closer")
         produce(producer, topic, **record)
-        if ours and hook is not None and hook.kind is RecordKind.MARKER:
-            history.hook = None
-            producer._producer.flush(10)
-            hook.action()
+        if kind == RecordKind.MARKER.value.encode():
+            run(producer, "marker")
+
+    def with_commit_hook(
+        producer: TaskProducer, changelog: Any, outputs: Any = (), also: Any = None
+    ) -> dict[str, int]:
+        if also is None:  # a marker's or a start position's transaction, not a batch
+            return commit(producer, changelog, outputs)
+
+        def then(kafka: Any) -> None:
+            also(kafka)
+            run(producer, "commit")
+
+        return commit(producer, changelog, outputs, then)
 
     monkeypatch.setattr(TaskProducer, "_produce", with_hook)
+    monkeypatch.setattr(TaskProducer, "commit", with_commit_hook)
     yield
 
 
@@ -390,6 +406,7 @@ STEPS: list[tuple[str, int]] = [
     ("restart_in_place", 1),
     ("race", 1),
     ("straddle", 1),
+    ("slot", 1),
     ("die_mid_batch", 1),
 ]
 

@@ -168,6 +168,8 @@ class AssignmentFollower:
                 "group.id": names.reader_group(app_id),
                 "enable.auto.commit": False,
                 "enable.partition.eof": False,
+                # The operator writes in transactions: never act on one it did not commit.
+                "isolation.level": "read_committed",
             }
         )
         self._consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
@@ -230,6 +232,7 @@ def read_assignments(
             **_client_config(bootstrap_servers, client_config),
             "group.id": names.reader_group(app_id),
             "enable.auto.commit": False,
+            "isolation.level": "read_committed",
         }
     )
     try:

@@ -33,6 +33,12 @@ def transactional_id(app_id: str, task: TaskId) -> str:
     return f"{app_id}-task-{task}"
 
 
+def operator_transactional_id(app_id: str) -> str:
+    """The transactional.id of the operator's writes for the app (its ledger and assignments):
+    the same in every operator process, so the newest one fences the others."""
+    return f"{app_id}-operator"
+
+
 def instance_group(app_id: str, instance_id: str) -> str:
     """The consumer group an instance commits its progress reports in."""
     return f"{app_id}-instance-{instance_id}"

@@ -14,13 +14,14 @@ never go backwards.
 """
 
 import time
-from collections.abc import Mapping
+import uuid
+from collections.abc import Iterable, Mapping
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
     KafkaError,
-    Message,
+    KafkaException,
     Producer,
     TopicPartition,
 )
@@ -61,6 +62,12 @@ class _InstanceDocument(_Document):
 
 class _LedgerDocument(_Document):
     version: int
+    record: str | None = None
+    """This record's id, unique to it."""
+    after: str | None = None
+    """The id of the ledger record this one was decided from (the newest one its writer had
+    read or written): each record follows the one before it in the log, unless two operator
+    processes interleaved."""
     generation: int = Field(ge=0)
     tasks: dict[TaskId, _OwnershipDocument] = Field(default_factory=dict)
     instances: dict[str, _InstanceDocument] = Field(default_factory=dict)
@@ -70,10 +77,12 @@ class LedgerDecodeError(ValueError):
     """A ledger record this operator cannot read."""
 
 
-def encode(ledger: Ledger) -> bytes:
-    """The versioned JSON of `ledger`."""
+def encode(ledger: Ledger, record: str | None = None, after: str | None = None) -> bytes:
+    """The versioned JSON of `ledger` (as record `record`, decided from record `after`)."""
     document = _LedgerDocument(
         version=FORMAT_VERSION,
+        record=record,
+        after=after,
         generation=ledger.generation,
         tasks={
             task: _OwnershipDocument(
@@ -96,6 +105,16 @@ def encode(ledger: Ledger) -> bytes:
         },
     )
     return document.model_dump_json(by_alias=True, exclude_none=True).encode()
+
+
+def record_id(value: bytes) -> str | None:
+    """The id of the ledger record `value` (None for one written without)."""
+    return _LedgerDocument.model_validate_json(value).record
+
+
+def record_after(value: bytes) -> str | None:
+    """The id of the ledger record the one in `value` was decided from."""
+    return _LedgerDocument.model_validate_json(value).after
 
 
 def decode(value: bytes) -> Ledger:
@@ -128,8 +147,28 @@ def decode(value: bytes) -> Ledger:
     )
 
 
+class OperatorFenced(RuntimeError):
+    """Another operator process initialised the app's operator producer after this one: its
+    writes are refused; it must read the ledger again (with a producer of its own) before it
+    acts on the app again."""
+
+
+_FENCED = frozenset(
+    {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+)
+
+
 class LedgerRecord:
-    """The ledger's record in the app's assignments topic."""
+    """The operator's writes to the app's assignments topic: the ledger record and the
+    instances' assignments, one Kafka transaction per step.
+
+    Two operator processes can act on one app at once for a while (a kopf peer that pauses
+    does not stop a poll already running; an operator that lost its lease and has not noticed).
+    Their writes must never interleave. All of them write with one transactional.id per app
+    (`names.operator_transactional_id`), and each initialises its producer before it reads the
+    ledger: from then on, the older process's transactions are refused (`OperatorFenced`), so
+    each step is read, decide, write, with nobody else's write in between. On a broker that
+    does not fence, a crash-safe order still holds: the ledger first, then the assignments."""
 
     def __init__(
         self,
@@ -142,36 +181,82 @@ class LedgerRecord:
         self.unreadable_records = 0
         """Records of the topic skipped by `read()` because they did not decode."""
         self._config = {"bootstrap.servers": bootstrap_servers, **(client_config or {})}
+        self._transactional_id = names.operator_transactional_id(app_id)
         self._reader_group = names.reader_group(app_id)
         self._timeout = timeout
-        self._producer = Producer({**self._config, "enable.idempotence": True, "acks": "all"})
+        self._producer: Producer | None = None
+        self._last: str | None = None
+        """The id of the ledger record this process read or wrote last."""
 
-    def write(self, ledger: Ledger) -> None:
-        """Write `ledger` and wait until Kafka has it (before any assignment it covers)."""
-        errors: list[KafkaError] = []
-
-        def on_delivery(error: KafkaError | None, _message: Message) -> None:
-            if error is not None:
-                errors.append(error)
-
-        self._producer.produce(
-            self.topic, key=LEDGER_KEY, value=encode(ledger), on_delivery=on_delivery
-        )
-        if self._producer.flush(self._timeout):
-            raise TimeoutError(
-                f"the ledger was not acknowledged by Kafka within {self._timeout} s "
-                f"(is {self.topic!r} reachable?)"
+    def _ready(self) -> Producer:
+        """The transactional producer, initialised (fencing older operator processes) on
+        first use: before this process reads the ledger."""
+        if self._producer is None:
+            producer = Producer(
+                {
+                    **self._config,
+                    "transactional.id": self._transactional_id,
+                    "enable.idempotence": True,
+                    "acks": "all",
+                    "transaction.timeout.ms": 60_000,
+                }
             )
-        if errors:
-            raise RuntimeError(f"Kafka refused the ledger record in {self.topic!r}: {errors[0]}")
+            try:
+                producer.init_transactions(self._timeout)
+            except KafkaException as error:
+                raise _failed("initialise the operator's producer", error) from error
+            self._producer = producer
+        return self._producer
+
+    def write(
+        self,
+        ledger: Ledger,
+        assignments: Mapping[InstanceId, Assignment] | None = None,
+        forget: Iterable[InstanceId] = (),
+    ) -> None:
+        """Write `ledger`, then the `assignments` it covers and the tombstones of the instances
+        to `forget`, in one transaction, and wait until Kafka has committed it."""
+        producer = self._ready()
+        record = uuid.uuid4().hex
+        records: list[tuple[bytes, bytes | None]] = [
+            (LEDGER_KEY, encode(ledger, record, after=self._last))
+        ]
+        records += [(i.encode(), a.to_json()) for i, a in sorted((assignments or {}).items())]
+        records += [(instance.encode(), None) for instance in sorted(forget)]
+        try:
+            producer.begin_transaction()
+            for key, value in records:
+                producer.produce(self.topic, key=key, value=value)
+            # Flushes first, and fails when any record was not delivered.
+            producer.commit_transaction(self._timeout)
+        except KafkaException as error:
+            self._abort()
+            raise _failed("commit the ledger and assignments", error) from error
+        self._last = record
+
+    def _abort(self) -> None:
+        if self._producer is None:
+            return
+        try:
+            self._producer.abort_transaction(self._timeout)
+        except KafkaException:
+            # Fenced, or fatally failed: a new producer is needed (and a fresh read).
+            self._producer = None
 
     def read(self) -> tuple[Ledger | None, dict[InstanceId, Assignment]]:
         """The newest ledger (None if none) and every instance's newest assignment.
 
         Newest is the highest generation, not the last written: a stale operator's late write
-        never wins (between equal generations, the later one does)."""
+        never wins (between equal generations, the later one does). Reads what is committed
+        only, once this process's producer has fenced every older one."""
+        self._ready()
         consumer = Consumer(
-            {**self._config, "group.id": self._reader_group, "enable.auto.commit": False}
+            {
+                **self._config,
+                "group.id": self._reader_group,
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+            }
         )
         partition = TopicPartition(self.topic, 0)
         ledger: Ledger | None = None
@@ -199,6 +284,7 @@ class LedgerRecord:
                             found = decode(value)
                             if ledger is None or found.generation >= ledger.generation:
                                 ledger = found
+                                self._last = record_id(value)
                             continue
                         assignment = decode_assignment(value)
                     except (LedgerDecodeError, AssignmentDecodeError):
@@ -212,7 +298,20 @@ class LedgerRecord:
             consumer.close()
 
     def close(self) -> None:
-        self._producer.flush(self._timeout)
+        if self._producer is not None:
+            self._producer.flush(self._timeout)
+
+
+def _failed(what: str, error: KafkaException) -> Exception:
+    """OperatorFenced when another operator process's producer fenced this one's, else the
+    KafkaException (Kafka trouble: the poll is retried)."""
+    cause = error.args[0] if error.args else None
+    if isinstance(cause, KafkaError) and cause.code() in _FENCED:
+        return OperatorFenced(
+            f"could not {what}: another operator process initialised this app's operator "
+            f"producer after this one ({cause.str()})"
+        )
+    return error
 
 
 def rebuild(

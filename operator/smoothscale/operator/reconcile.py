@@ -39,7 +39,7 @@ from smoothscale.api.models import (
     application_id,
 )
 from smoothscale.kafka import names
-from smoothscale.kafka.assignments import Assignment, AssignmentWriter, describe
+from smoothscale.kafka.assignments import Assignment, describe
 from smoothscale.kafka.progress import ProgressReader, ReportedRole, TaskProgress
 from smoothscale.kubeapi import MERGE_PATCH, KubeApi, KubeApiError
 from smoothscale.operator.access import AccessRefused, referenced_secrets, refusals, unlabelled
@@ -56,7 +56,7 @@ from smoothscale.operator.handover import (
     step,
 )
 from smoothscale.operator.kafka_client import MissingSecretError, client_config, lookup_in
-from smoothscale.operator.ledger import LedgerRecord, rebuild
+from smoothscale.operator.ledger import LedgerRecord, OperatorFenced, rebuild
 from smoothscale.operator.metrics import OperatorMetrics, TaskLag
 from smoothscale.operator.observe import PodView, observe_pods, observe_secrets, pods_path
 from smoothscale.operator.pods import (
@@ -116,13 +116,11 @@ class _KafkaClients:
     settings: tuple[tuple[str, str], ...]
     topics: TopicManager
     reader: ProgressReader
-    writer: AssignmentWriter
     ledgers: LedgerRecord
 
     def close(self) -> None:
         self.topics.close()
         self.reader.close()
-        self.writer.close()
         self.ledgers.close()
 
 
@@ -276,15 +274,15 @@ class AppController:
             # Plan one safe step.
             result = step(ledger, Observation(statuses, progress), tasks, config)
 
-            # Act: the memory first, then the instances.
-            kafka.ledgers.write(result.ledger)
+            # Act: the memory, then the instances, in one transaction.
             writes = result.ledger.assignments if rewrite_all else result.writes
-            for instance, assignment in writes.items():
-                kafka.writer.write(instance, assignment)
+            kafka.ledgers.write(result.ledger, writes, result.forget)
             for instance in result.forget:
-                kafka.writer.forget(instance)
                 kafka.reader.forget(instance)
             self.ledger = result.ledger
+        except OperatorFenced as error:
+            self._fenced(error)  # the other process records the status meanwhile
+            return scaling.lag_poll_interval
         except (KafkaException, TimeoutError, RuntimeError) as error:
             self.ledger = None  # re-read the memory and rewrite every assignment next time
             return self._degraded(app, generation, now, [_kafka_problem(error), *problems])
@@ -376,7 +374,6 @@ class AppController:
             settings=settings,
             topics=TopicManager({"bootstrap.servers": bootstrap, **config}),
             reader=ProgressReader(bootstrap, app_id, stores, config),
-            writer=AssignmentWriter(bootstrap, app_id, config),
             ledgers=LedgerRecord(bootstrap, app_id, config),
         )
         self.ledger = None
@@ -798,9 +795,7 @@ class AppController:
             ledger = rebuild(None, kafka_ledger, assignments, {})
             if not holds_nothing(ledger):
                 ledger = release_all(ledger)
-                kafka.ledgers.write(ledger)
-                for instance, assignment in sorted(ledger.assignments.items()):
-                    kafka.writer.write(instance, assignment)
+                kafka.ledgers.write(ledger, ledger.assignments)
             statuses = {name: InstanceStatus(ready=pod.ready) for name, pod in live.items()}
             progress = kafka.reader.read(statuses, max(ledger.tasks, default=-1) + 1)
         except _TEAR_DOWN_ERRORS:
@@ -817,11 +812,25 @@ class AppController:
             kafka_ledger, assignments = kafka.ledgers.read()
             ledger = rebuild(None, kafka_ledger, assignments, {})
             for instance in sorted(assignments):
-                kafka.writer.forget(instance)
                 kafka.reader.forget(instance)
-            kafka.ledgers.write(replace(ledger, assignments={}, joined={}))
+            kafka.ledgers.write(replace(ledger, assignments={}, joined={}), forget=assignments)
         except _TEAR_DOWN_ERRORS:
             log.exception("could not clear the instances of %s/%s", self.namespace, self.name)
+
+    def _fenced(self, error: OperatorFenced) -> None:
+        """Another operator process wrote this app's ledger and assignments since this one read
+        them: drop what it knows, and read them again (with a new producer, fencing the other
+        in turn) before it acts on the app again."""
+        self.events(
+            "Warning",
+            "OperatorFenced",
+            f"{error}: two operator processes act on this app (a peer that has not paused yet, "
+            "or a second installation); this one reads the ledger again before acting",
+        )
+        self.ledger = None
+        if self._kafka is not None:
+            self._kafka.close()
+            self._kafka = None
 
     def close(self) -> None:
         if self._kafka is not None:
