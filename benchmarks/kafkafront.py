@@ -14,8 +14,8 @@ import time
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from smoothscale.devcluster.kafkafront import KafkaFront
-from smoothscale.kafka.embedded import EmbeddedKafka
+from devstack.kafka.embedded import EmbeddedKafka
+from devstack.kafka.front import KafkaFront
 
 VALUE = b"x" * 50
 

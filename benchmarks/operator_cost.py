@@ -25,8 +25,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+from devstack.apiserver import write_kubeconfig
 from smoothscale.api.models import application_id
-from smoothscale.devcluster.apiserver import write_kubeconfig
 from smoothscale.kafka import names
 from smoothscale.kafka.progress import ProgressCommitter, ReportedRole, TaskReport
 from smoothscale.kubeapi import MERGE_PATCH, KubeApi

@@ -28,13 +28,13 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from smoothscale.demo.scenario import (
+from devstack.demo.scenario import (
     CHANGELOG_TOPIC,
     DemoOptions,
     Session,
     session,
 )
-from smoothscale.demo.timeline import TaskTimeline
+from devstack.demo.timeline import TaskTimeline
 
 ROOT = Path(__file__).resolve().parents[1]
 STRATEGIES = ("WarmUp", "StopTheWorld")

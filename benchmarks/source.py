@@ -21,7 +21,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from smoothscale.kafka.embedded import EmbeddedKafka
+from devstack.kafka.embedded import EmbeddedKafka
 from smoothscale.runtime.source import write_plan
 from smoothscale.runtime.spark import local_session
 

@@ -41,10 +41,10 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from smoothscale.devcluster.stack import free_port
+from devstack.kafka.embedded import EmbeddedKafka
+from devstack.stack import free_port
 from smoothscale.kafka import names
 from smoothscale.kafka.assignments import Assignment, AssignmentWriter, TaskAssignment
-from smoothscale.kafka.embedded import EmbeddedKafka
 from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.restore import RestoreLoop
 from smoothscale.runtime.source import write_plan

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
+from devstack.kafka.control import KafkaControl
+from devstack.stack import LocalStack
 from e2e.kube import Helm, Kubectl, kubectl_binary, tool_binary
-from smoothscale.devcluster.kafka import KafkaControl
-from smoothscale.devcluster.stack import LocalStack
 
 REAL_CLUSTER_ENV = "SMOOTHSCALE_E2E_KUBECONFIG"
 REAL_KAFKA_ENV = "SMOOTHSCALE_E2E_KAFKA_BOOTSTRAP"

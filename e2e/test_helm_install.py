@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from devstack.apiserver.auth import Attributes, read_audit_log, rule_allows
+from devstack.demo.scenario import instance_ports
 from e2e.conftest import Cluster
 from e2e.kube import CHART, Kubectl
-from smoothscale.demo.scenario import instance_ports
-from smoothscale.devcluster.apiserver.auth import Attributes, read_audit_log, rule_allows
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.cluster]
 

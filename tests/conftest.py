@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from smoothscale.devcluster.kafkafront import KafkaFront
-from smoothscale.devcluster.stack import LocalStack, StackInfo
-from smoothscale.kafka.embedded import EmbeddedKafka
+from devstack.kafka.embedded import EmbeddedKafka
+from devstack.kafka.front import KafkaFront
+from devstack.stack import LocalStack, StackInfo
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 

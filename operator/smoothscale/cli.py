@@ -1,16 +1,24 @@
 """The `smoothscale` command: one subcommand per job.
 
 Each area of the package contributes its subcommands through a `register(subparsers)`
-function in its own `cli` module, listed in `_registrars` below. Registering must stay cheap:
-heavy imports (PySpark, Kafka clients) belong inside the handlers, so `smoothscale --help`
-answers at once. A handler takes the parsed arguments and returns the exit code.
+function in its own `cli` module, listed in `_registrars` below. Other distributions add theirs
+through the entry-point group `smoothscale.commands` (each entry names a `register`): the test
+bed (devstack) adds `smoothscale dev` and `smoothscale demo` that way, so the product never
+imports it, and where it is not installed (the image) those commands are simply absent.
+Registering must stay cheap: heavy imports (PySpark, Kafka clients) belong inside the handlers,
+so `smoothscale --help` answers at once. A handler takes the parsed arguments and returns the
+exit code.
 """
 
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
 
 from smoothscale import __version__
+
+COMMANDS_GROUP = "smoothscale.commands"
+"""The entry-point group through which other distributions add subcommands."""
 
 # argparse has no public name for the object add_subparsers() returns.
 Subparsers = argparse._SubParsersAction
@@ -20,20 +28,13 @@ Registrar = Callable[["Subparsers[argparse.ArgumentParser]"], None]
 def _registrars() -> list[Registrar]:
     # One line per area; keep the imports here so a broken area names itself in the traceback.
     from smoothscale.api.cli import register as register_api
-    from smoothscale.demo.cli import register as register_demo
-    from smoothscale.devcluster.cli import register as register_dev
     from smoothscale.operator.cli import register as register_operator
     from smoothscale.planner.cli import register as register_plan
     from smoothscale.runtime.cli import register as register_worker
 
-    return [
-        register_api,
-        register_demo,
-        register_dev,
-        register_operator,
-        register_plan,
-        register_worker,
-    ]
+    own: list[Registrar] = [register_api, register_operator, register_plan, register_worker]
+    installed = sorted(entry_points(group=COMMANDS_GROUP), key=lambda entry: entry.name)
+    return own + [entry.load() for entry in installed]
 
 
 def build_parser() -> argparse.ArgumentParser:

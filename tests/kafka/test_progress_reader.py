@@ -3,8 +3,8 @@ changelog, and reports that do not parse counted and skipped."""
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from devstack.kafka.embedded import EmbeddedKafka
 from smoothscale.kafka import names
-from smoothscale.kafka.embedded import EmbeddedKafka
 from smoothscale.kafka.progress import ProgressCommitter, ProgressReader, ReportedRole, TaskReport
 from tests.runtime.kafka_helpers import unique
 

@@ -17,9 +17,9 @@ from typing import Any
 from confluent_kafka.admin import AdminClient, NewTopic
 from kubernetes.client import ApiClient, Configuration
 
+from devstack.apiserver import LocalApiServer, write_kubeconfig
+from devstack.apiserver.auth import AuditedRequest, read_audit_log
 from smoothscale.api.models import API_VERSION, PLURAL
-from smoothscale.devcluster.apiserver import LocalApiServer, write_kubeconfig
-from smoothscale.devcluster.apiserver.auth import AuditedRequest, read_audit_log
 from smoothscale.kubeapi import MERGE_PATCH, KubeApi
 from smoothscale.operator.metrics import OperatorMetrics
 from smoothscale.operator.policy import AccessPolicy

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from smoothscale.demo.scenario import APP_NAME, NAMESPACE, DemoError, Session
+from devstack.demo.scenario import APP_NAME, NAMESPACE, DemoError, Session
 
 Status = dict[str, Any]
 

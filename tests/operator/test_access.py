@@ -13,8 +13,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from devstack.kafka.front import KafkaFront
 from smoothscale.api.models import StreamingApp
-from smoothscale.devcluster.kafkafront import KafkaFront
 from smoothscale.operator.access import referenced_secrets, refusals
 from smoothscale.operator.policy import AccessPolicy
 from tests.operator.in_process import APPS, LABEL, Platform, create_topics

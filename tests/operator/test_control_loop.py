@@ -3,7 +3,7 @@ process with the chart's RBAC (in_process.py) and the embedded Kafka, no kubelet
 
 from typing import Any
 
-from smoothscale.devcluster.kafkafront import KafkaFront
+from devstack.kafka.front import KafkaFront
 from tests.operator.in_process import Platform, create_topics, streaming_app
 
 

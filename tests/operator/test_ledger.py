@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from devstack.kafka.embedded import EmbeddedKafka
 from smoothscale.kafka import names
 from smoothscale.kafka.assignments import (
     Assignment,
@@ -12,7 +13,6 @@ from smoothscale.kafka.assignments import (
     TaskAssignment,
     read_assignments,
 )
-from smoothscale.kafka.embedded import EmbeddedKafka
 from smoothscale.kafka.progress import ReportedRole, TaskProgress, TaskReport
 from smoothscale.operator.handover import HandOver, Ledger, Ownership
 from smoothscale.operator.ledger import LedgerDecodeError, LedgerRecord, decode, encode, rebuild

@@ -6,8 +6,8 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+from devstack.kafka.front import KafkaFront
 from smoothscale.api.models import API_VERSION, PLURAL
-from smoothscale.devcluster.kafkafront import KafkaFront
 from smoothscale.kafka import names
 from smoothscale.kafka.progress import ProgressReader
 from smoothscale.kubeapi import MERGE_PATCH

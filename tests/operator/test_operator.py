@@ -2,7 +2,7 @@
 
 The operator runs as a process, as the chart runs it; StreamingApps are applied with the real
 kubectl. These scenarios stop before Spark matters (the scaling itself, with real worker
-pods, is the demo's test: tests/demo/test_demo.py).
+pods, is the demo's test: tests/devstack/demo/test_demo.py).
 """
 
 import json
@@ -20,7 +20,7 @@ import yaml
 from confluent_kafka.admin import AdminClient, NewTopic
 from e2e.kube import Kubectl, kubectl_binary
 
-from smoothscale.devcluster.stack import StackInfo
+from devstack.stack import StackInfo
 from smoothscale.kafka import names
 
 T = TypeVar("T")

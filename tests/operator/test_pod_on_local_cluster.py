@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from devstack.stack import StackInfo
 from smoothscale.api.models import API_VERSION, PLURAL, StreamingApp
-from smoothscale.devcluster.stack import StackInfo
 from smoothscale.kubeapi import KubeApi
 from smoothscale.operator.pods import BASE_PORT, build_pod
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from smoothscale.demo.scenario import (
+from devstack.demo.scenario import (
     APP_ID,
     APP_NAME,
     NAMESPACE,

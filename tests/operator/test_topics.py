@@ -9,8 +9,8 @@ from typing import Any
 import yaml
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
+from devstack.kafka.front import KafkaFront
 from smoothscale.api.models import StreamingApp
-from smoothscale.devcluster.kafkafront import KafkaFront
 from smoothscale.operator.topics import TopicCheck, TopicManager
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "streamingapp.yaml"

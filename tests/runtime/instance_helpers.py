@@ -11,9 +11,9 @@ from pathlib import Path
 from confluent_kafka import Consumer, Producer, TopicPartition
 from examples.pipelines.running_count import pipeline as running_count
 
-from smoothscale.devcluster.kafkafront import KafkaFront
+from devstack.kafka.embedded import EmbeddedKafka
+from devstack.kafka.front import KafkaFront
 from smoothscale.kafka import names
-from smoothscale.kafka.embedded import EmbeddedKafka
 from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.instance import BatchInput, DeadLetterSender, Instance
 from smoothscale.runtime.metrics import InstanceMetrics

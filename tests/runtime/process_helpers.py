@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from smoothscale.devcluster.stack import free_port
+from devstack.stack import free_port
 from smoothscale.runtime.config import WorkerConfig
 
 ROOT = Path(__file__).resolve().parents[2]

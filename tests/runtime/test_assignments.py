@@ -2,6 +2,7 @@
 
 from confluent_kafka import Producer
 
+from devstack.kafka.embedded import EmbeddedKafka
 from smoothscale.kafka import names
 from smoothscale.kafka.assignments import (
     Assignment,
@@ -11,7 +12,6 @@ from smoothscale.kafka.assignments import (
     decode_assignment,
     read_assignments,
 )
-from smoothscale.kafka.embedded import EmbeddedKafka
 from smoothscale.tasks import TaskRole
 from tests.runtime.kafka_helpers import unique
 

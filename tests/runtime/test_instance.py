@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from smoothscale.demo.timeline import read_timelines
-from smoothscale.devcluster.kafkafront import KafkaFront
+from devstack.demo.timeline import read_timelines
+from devstack.kafka.embedded import EmbeddedKafka
+from devstack.kafka.front import KafkaFront
 from smoothscale.kafka.assignments import Assignment, AssignmentWriter, TaskAssignment
-from smoothscale.kafka.embedded import EmbeddedKafka
 from smoothscale.kafka.progress import ProgressCommitter, ProgressReader, ReportedRole, TaskReport
 from smoothscale.runtime.changelog import closer, data, marker
 from smoothscale.runtime.restore import catch_up

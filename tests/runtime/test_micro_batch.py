@@ -15,8 +15,8 @@ from examples.pipelines.running_count import add_count, count_per_user
 from examples.pipelines.tumbling_window import pipeline as tumbling_window
 from pyspark.sql import SparkSession
 
+from devstack.kafka.embedded import EmbeddedKafka
 from smoothscale.kafka.assignments import Assignment, AssignmentWriter, TaskAssignment
-from smoothscale.kafka.embedded import EmbeddedKafka
 from smoothscale.kafka.progress import ProgressReader
 from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.instance import Instance

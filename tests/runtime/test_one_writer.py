@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from smoothscale.devcluster.kafkafront import KafkaFront
+from devstack.kafka.embedded import EmbeddedKafka
+from devstack.kafka.front import KafkaFront
 from smoothscale.kafka.assignments import Assignment, AssignmentWriter, TaskAssignment
-from smoothscale.kafka.embedded import EmbeddedKafka
 from smoothscale.kafka.progress import ProgressReader, ReportedRole
 from smoothscale.runtime import instance as instance_module
 from smoothscale.runtime.changelog import Positioned, RecordKind, marker, parse_record

@@ -25,9 +25,9 @@ from typing import Any, Literal
 
 import pytest
 
-from smoothscale.devcluster.kafkafront import KafkaFront
+from devstack.kafka.embedded import EmbeddedKafka
+from devstack.kafka.front import KafkaFront
 from smoothscale.kafka.assignments import Assignment, AssignmentWriter, TaskAssignment
-from smoothscale.kafka.embedded import EmbeddedKafka
 from smoothscale.kafka.progress import ProgressReader, ReportedRole, TaskReport
 from smoothscale.runtime import instance as instance_module
 from smoothscale.runtime.changelog import BATCH_HEADER, KIND_HEADER, RecordKind

@@ -4,8 +4,8 @@ from dataclasses import replace
 
 from confluent_kafka import Producer
 
+from devstack.kafka.embedded import EmbeddedKafka
 from smoothscale.kafka import names
-from smoothscale.kafka.embedded import EmbeddedKafka
 from smoothscale.kafka.progress import (
     InputPositionCommitter,
     ProgressCommitter,

@@ -8,7 +8,7 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from smoothscale.devcluster.kafkafront import KafkaFront
+from devstack.kafka.front import KafkaFront
 from smoothscale.runtime.changelog import marker
 from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.restore import ChangelogUnusableError, RestoreLoop, catch_up

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from smoothscale.kafka.embedded import EmbeddedKafka
+from devstack.kafka.embedded import EmbeddedKafka
 from smoothscale.runtime.source import KafkaStreamReader, SourceError, SourceOptions, write_plan
 from tests.runtime.kafka_helpers import unique
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
+from devstack.kafka.embedded import EmbeddedKafka
 from smoothscale.kafka import names
-from smoothscale.kafka.embedded import EmbeddedKafka
 from smoothscale.runtime.changelog import ChangelogRecord, closer, data, marker
 from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.restore import RestoreLoop, catch_up

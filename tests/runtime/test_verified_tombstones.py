@@ -7,8 +7,8 @@ from pathlib import Path
 
 from examples.pipelines.running_count import pipeline as running_count
 
+from devstack.kafka.embedded import EmbeddedKafka
 from smoothscale.kafka.assignments import Assignment, AssignmentWriter, TaskAssignment
-from smoothscale.kafka.embedded import EmbeddedKafka
 from smoothscale.kafka.progress import ProgressReader, ReportedRole
 from smoothscale.runtime.changelog import (
     Positioned,

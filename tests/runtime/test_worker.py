@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from devstack.kafka.embedded import EmbeddedKafka
 from smoothscale.kafka.assignments import Assignment, AssignmentWriter, TaskAssignment
-from smoothscale.kafka.embedded import EmbeddedKafka
 from smoothscale.kafka.progress import InputPositionCommitter, ProgressReader, ReportedRole
 from smoothscale.runtime.changelog import closer, data, marker
 from smoothscale.runtime.config import WorkerConfig

@@ -11,7 +11,7 @@ from confluent_kafka import Producer
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from smoothscale.kafka.embedded import EmbeddedKafka
+from devstack.kafka.embedded import EmbeddedKafka
 from smoothscale.runtime.spark import local_session
 
 

@@ -7,7 +7,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from examples.pipelines import running_count, tumbling_window
 from pyspark.sql import DataFrame, Row, SparkSession
 
-from smoothscale.kafka.embedded import EmbeddedKafka
+from devstack.kafka.embedded import EmbeddedKafka
 from smoothscale.runtime.decode import decode, send_dead_letters
 from smoothscale.runtime.pipeline import Pipeline, PipelineError
 from smoothscale.runtime.source import SCHEMA

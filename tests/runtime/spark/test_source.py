@@ -8,7 +8,7 @@ import pytest
 from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 
-from smoothscale.kafka.embedded import EmbeddedKafka
+from devstack.kafka.embedded import EmbeddedKafka
 from smoothscale.runtime.source import write_plan
 
 from .conftest import CollectingStream, offsets, positions, produce, unique

@@ -15,7 +15,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from examples.pipelines import running_count, tumbling_window
 from pyspark.sql import DataFrame, SparkSession
 
-from smoothscale.kafka.embedded import EmbeddedKafka
+from devstack.kafka.embedded import EmbeddedKafka
 from smoothscale.runtime.decode import REASON_HEADER, decode, send_dead_letters
 from smoothscale.runtime.pipeline import Pipeline
 from smoothscale.runtime.source import write_plan

@@ -1,0 +1,365 @@
+"""`smoothscale dev ...`: the local control plane (API server, process kubelet, embedded Kafka)."""
+
+import argparse
+import sys
+from pathlib import Path
+
+from smoothscale.cli import Subparsers
+
+_STATE_DIR_HELP = (
+    "where logs, pids, the kubeconfig and pod directories live "
+    "(default: $SMOOTHSCALE_DEV_DIR or .smoothscale/dev)"
+)
+
+
+def register(subparsers: "Subparsers[argparse.ArgumentParser]") -> None:
+    dev = subparsers.add_parser(
+        "dev",
+        help="run a local control plane: API server, process kubelet, embedded Kafka",
+        description="A local Kubernetes-like control plane and Kafka for development and tests. "
+        "See docs/local-control-plane.md for what it does and does not do.",
+    )
+    parts = dev.add_subparsers(dest="dev_command", metavar="PART", required=True)
+    _register_up(parts)
+    _register_down(parts)
+    _register_status(parts)
+    _register_apiserver(parts)
+    _register_kubelet(parts)
+    _register_controllers(parts)
+    _register_kafka(parts)
+    _register_topic(parts)
+
+
+def _topic_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--topic",
+        dest="topics",
+        action="append",
+        default=[],
+        metavar="NAME:PARTITIONS",
+        help="create this Kafka topic at start (repeatable), e.g. --topic input:8",
+    )
+    parser.add_argument(
+        "--brokers", type=int, default=3, help="number of Kafka brokers (default: %(default)s)"
+    )
+
+
+def _register_up(parts: "Subparsers[argparse.ArgumentParser]") -> None:
+    up = parts.add_parser(
+        "up",
+        help="start the API server, the kubelet and Kafka in the background",
+        description="Start the local API server, the process kubelet and an embedded Kafka as "
+        "background processes, install the CRDs, write a kubeconfig and print how to use them. "
+        "Stop them with `smoothscale dev down`.",
+    )
+    up.add_argument("--state-dir", type=Path, help=_STATE_DIR_HELP)
+    up.add_argument(
+        "--crds",
+        type=Path,
+        metavar="DIR",
+        help="install the CRDs in the YAML files of this directory instead of smoothscale's "
+        "own (default: the StreamingApp CRD, generated from the models)",
+    )
+    up.add_argument("--api-port", type=int, default=0, help="API server port (default: a free one)")
+    _topic_arguments(up)
+    up.set_defaults(handler=_run_up)
+
+
+def _register_down(parts: "Subparsers[argparse.ArgumentParser]") -> None:
+    down = parts.add_parser(
+        "down",
+        help="stop what `smoothscale dev up` started",
+        description="Stop the kubelet (and its pods), Kafka and the API server started by "
+        "`smoothscale dev up`: SIGTERM, then SIGKILL. Does nothing when nothing runs.",
+    )
+    down.add_argument("--state-dir", type=Path, help=_STATE_DIR_HELP)
+    down.set_defaults(handler=_run_down)
+
+
+def _register_status(parts: "Subparsers[argparse.ArgumentParser]") -> None:
+    status = parts.add_parser(
+        "status",
+        help="say whether the local control plane runs, and how to use it",
+        description="Print the exports for the running local control plane (exit code 0), or "
+        "say that it does not run (exit code 1).",
+    )
+    status.add_argument("--state-dir", type=Path, help=_STATE_DIR_HELP)
+    status.set_defaults(handler=_run_status)
+
+
+def _register_apiserver(parts: "Subparsers[argparse.ArgumentParser]") -> None:
+    apiserver = parts.add_parser(
+        "apiserver",
+        help="run the local Kubernetes API server until SIGINT/SIGTERM",
+        description="Serve a local, in-memory Kubernetes API on loopback until SIGINT or "
+        "SIGTERM; prints its URL once serving.",
+    )
+    apiserver.add_argument("--host", default="127.0.0.1", help="address (default: %(default)s)")
+    apiserver.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    apiserver.add_argument(
+        "--crds",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="load the CRDs in this YAML file or directory at start (repeatable)",
+    )
+    apiserver.add_argument(
+        "--audit-log",
+        type=Path,
+        metavar="PATH",
+        help="append an audit.k8s.io/v1 Event per authorization decision on a ServiceAccount's "
+        "request to this file (JSON lines)",
+    )
+    apiserver.set_defaults(handler=_run_apiserver)
+
+
+def _register_kubelet(parts: "Subparsers[argparse.ArgumentParser]") -> None:
+    kubelet = parts.add_parser(
+        "kubelet",
+        help="run the process kubelet (pods as local processes) until SIGINT/SIGTERM",
+        description="Run the pods bound to one node (and bind unscheduled ones to it) as local "
+        "processes, and report their status, until SIGINT or SIGTERM.",
+    )
+    kubelet.add_argument(
+        "--kubeconfig",
+        type=Path,
+        help="the cluster to serve (default: $KUBECONFIG, then ~/.kube/config)",
+    )
+    kubelet.add_argument("--node-name", default="local", help="node name (default: %(default)s)")
+    kubelet.add_argument(
+        "--root",
+        type=Path,
+        default=Path(".smoothscale/kubelet"),
+        help="pod working directories and logs go here (default: %(default)s)",
+    )
+    kubelet.set_defaults(handler=_run_kubelet)
+
+
+def _register_controllers(parts: "Subparsers[argparse.ArgumentParser]") -> None:
+    controllers = parts.add_parser(
+        "controllers",
+        help="run the Deployment and ReplicaSet controllers until SIGINT/SIGTERM",
+        description="Run each Deployment's pods through a ReplicaSet per pod template (rolling "
+        "them when the template changes) and keep their status, until SIGINT or SIGTERM.",
+    )
+    controllers.add_argument(
+        "--kubeconfig",
+        type=Path,
+        help="the cluster to serve (default: $KUBECONFIG, then ~/.kube/config)",
+    )
+    controllers.set_defaults(handler=_run_controllers)
+
+
+def _register_kafka(parts: "Subparsers[argparse.ArgumentParser]") -> None:
+    kafka = parts.add_parser(
+        "kafka",
+        help="run an embedded Kafka cluster (librdkafka's mock brokers behind the Kafka front) "
+        "until SIGINT/SIGTERM",
+        description="Start an embedded Kafka cluster on loopback behind the Kafka front (which "
+        "answers topic administration like a real cluster), create the given topics, print the "
+        "front's bootstrap servers and run until SIGINT or SIGTERM.",
+    )
+    _topic_arguments(kafka)
+    kafka.add_argument(
+        "--ready-file",
+        metavar="PATH",
+        help="once up, write {bootstrap_servers, control_url, pid} as JSON to this file",
+    )
+    kafka.add_argument(
+        "--control-port",
+        type=int,
+        default=0,
+        help="port of the HTTP control endpoint (topics, faults, compaction) (default: a free one)",
+    )
+    kafka.set_defaults(handler=_run_kafka)
+
+
+def _register_topic(parts: "Subparsers[argparse.ArgumentParser]") -> None:
+    topic = parts.add_parser(
+        "topic",
+        help="create Kafka topics in the running local control plane",
+        description="Create topics in the embedded Kafka of `smoothscale dev up` (a shortcut "
+        "for the Kafka admin API, which its front also answers).",
+    )
+    topic.add_argument("topics", nargs="+", metavar="NAME:PARTITIONS", help="e.g. input:8")
+    topic.add_argument("--state-dir", type=Path, help=_STATE_DIR_HELP)
+    topic.set_defaults(handler=_run_topic)
+
+
+def _fail(command: str, message: object) -> int:
+    print(f"smoothscale dev {command}: {message}", file=sys.stderr)
+    return 2
+
+
+def _state_dir(args: argparse.Namespace) -> Path:
+    from devstack.stack import default_state_dir
+
+    return Path(args.state_dir) if args.state_dir is not None else default_state_dir()
+
+
+def _run_up(args: argparse.Namespace) -> int:
+    from devstack.kafka.control import parse_topic_spec
+    from devstack.stack import StackError, up
+
+    try:
+        topics = [parse_topic_spec(text) for text in args.topics]
+    except ValueError as error:
+        return _fail("up", error)
+    if args.brokers < 1:
+        return _fail("up", f"--brokers must be at least 1, got {args.brokers}")
+    if args.crds is not None and not args.crds.is_dir():
+        return _fail("up", f"--crds {args.crds}: no such directory")
+    try:
+        info = up(
+            _state_dir(args),
+            crd_dir=args.crds,
+            topics=topics,
+            brokers=args.brokers,
+            api_port=args.api_port,
+        )
+    except StackError as error:
+        return _fail("up", error)
+    print(f"Local control plane up (state in {info.state_dir}):")
+    print(f"  API server  {info.api_url}")
+    print(f"  Kafka       {info.kafka_bootstrap}")
+    print(
+        f"  (Kafka controls: {info.kafka_control}; topics: smoothscale dev topic NAME:PARTITIONS)"
+    )
+    print("  kubelet     node 'local', pods run as local processes")
+    print("  controllers Deployments and ReplicaSets run their pods")
+    print("Use it from this shell with:")
+    print(info.exports())
+    print("Stop it with: smoothscale dev down" + _state_dir_option(args))
+    return 0
+
+
+def _state_dir_option(args: argparse.Namespace) -> str:
+    return "" if args.state_dir is None else f" --state-dir {args.state_dir}"
+
+
+def _run_down(args: argparse.Namespace) -> int:
+    from devstack.stack import down
+
+    stopped = down(_state_dir(args))
+    print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+    return 0
+
+
+def _run_status(args: argparse.Namespace) -> int:
+    from devstack.stack import info_of
+
+    info = info_of(_state_dir(args))
+    if info is None:
+        print("the local control plane does not run (start it with `smoothscale dev up`)")
+        return 1
+    print(info.exports())
+    return 0
+
+
+def _run_apiserver(args: argparse.Namespace) -> int:
+    from devstack.apiserver import serve_forever
+
+    crd_files: list[Path] = []
+    for path in args.crds:
+        if path.is_dir():
+            crd_files += sorted(path.glob("*.yaml"))
+        elif path.is_file():
+            crd_files.append(path)
+        else:
+            return _fail("apiserver", f"--crds {path}: no such file or directory")
+    serve_forever(args.host, args.port, crd_files, audit_log=args.audit_log)
+    return 0
+
+
+def _run_kubelet(args: argparse.Namespace) -> int:
+    import logging
+    import signal
+    import threading
+
+    from devstack.kubelet import Kubelet, KubeletConfig
+    from smoothscale.kubeapi import KubeApi, KubeApiError
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        api = KubeApi.from_kubeconfig(args.kubeconfig)
+    except Exception as error:  # the kubernetes package raises several kinds for a bad config
+        return _fail("kubelet", f"cannot load the kubeconfig: {error}")
+    kubelet = Kubelet(api, KubeletConfig(node_name=args.node_name, root=args.root.resolve()))
+    try:
+        kubelet.start()
+    except KubeApiError as error:
+        return _fail("kubelet", f"cannot register node {args.node_name}: {error}")
+    print(f"kubelet: serving node {args.node_name}, pods under {args.root}", flush=True)
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        kubelet.stop()
+        api.close()
+    return 0
+
+
+def _run_controllers(args: argparse.Namespace) -> int:
+    import logging
+    import signal
+    import threading
+
+    from devstack.controllers import ControllerManager
+    from smoothscale.kubeapi import KubeApi
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        api = KubeApi.from_kubeconfig(args.kubeconfig)
+    except Exception as error:  # the kubernetes package raises several kinds for a bad config
+        return _fail("controllers", f"cannot load the kubeconfig: {error}")
+    manager = ControllerManager(api)
+    manager.start()
+    print("controllers: Deployments", flush=True)
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        manager.stop()
+        api.close()
+    return 0
+
+
+def _run_kafka(args: argparse.Namespace) -> int:
+    from devstack.kafka.control import parse_topic_spec, serve_kafka
+
+    try:
+        topics = [parse_topic_spec(text) for text in args.topics]
+    except ValueError as error:
+        return _fail("kafka", error)
+    if args.brokers < 1:
+        return _fail("kafka", f"--brokers must be at least 1, got {args.brokers}")
+    serve_kafka(args.brokers, topics, ready_file=args.ready_file, control_port=args.control_port)
+    return 0
+
+
+def _run_topic(args: argparse.Namespace) -> int:
+    from devstack.kafka.control import KafkaControl, KafkaControlError, parse_topic_spec
+    from devstack.stack import info_of
+
+    try:
+        topics = [parse_topic_spec(text) for text in args.topics]
+    except ValueError as error:
+        return _fail("topic", error)
+    info = info_of(_state_dir(args))
+    if info is None:
+        return _fail("topic", "the local control plane does not run: start it with `dev up`")
+    control = KafkaControl(info.kafka_control)
+    for topic in topics:
+        try:
+            control.create_topic(topic.name, topic.partitions)
+        except KafkaControlError as error:
+            return _fail("topic", error)
+        print(f"created topic {topic.name} ({topic.partitions} partitions)")
+    return 0
