@@ -41,6 +41,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from devstack.apiserver.faults import PATH as API_FAULTS_PATH
+from devstack.demo.outputs import OutputCheck, check_outputs
 from devstack.demo.timeline import (
     TaskTimeline,
     read_committed,
@@ -146,15 +147,18 @@ class InputFeed:
             self._producer.poll(0)
 
 
-def read_final_counts(bootstrap_servers: str, tasks: int) -> tuple[dict[str, int], dict[str, int]]:
-    """(reference counts from the input, latest counts the app emitted), both read to the end."""
+def read_inputs_and_outputs(
+    bootstrap_servers: str, tasks: int
+) -> tuple[dict[str, int], dict[str, list[int]]]:
+    """(reference counts from the input, every total the app emitted per user, in order),
+    both read to the end."""
     reference: dict[str, int] = {}
     for _key, value in _read_all(bootstrap_servers, INPUT_TOPIC, tasks):
         user = json.loads(value)["user"]
         reference[user] = reference.get(user, 0) + 1
-    emitted: dict[str, int] = {}
+    emitted: dict[str, list[int]] = {}
     for key, value in _read_all(bootstrap_servers, OUTPUT_TOPIC, tasks):
-        emitted[key.decode()] = json.loads(value)
+        emitted.setdefault(key.decode(), []).append(json.loads(value))
     return reference, emitted
 
 
@@ -551,6 +555,8 @@ class Session:
     """Updates of the reference missing from the output (set by `finish`)."""
     doubled: int = 0
     """Updates applied more than once (set by `finish`)."""
+    outputs: OutputCheck | None = None
+    """Every output record against the reference (set by `finish`)."""
     timelines: dict[int, TaskTimeline] = field(default_factory=dict)
     """The ownership timeline of every task, read back from the changelog (set by `finish`)."""
 
@@ -611,23 +617,21 @@ class Session:
         self.say(f"{signum.name} to the container of {pod} (process groups {groups})")
 
     def finish(self) -> bool:
-        """Stop the input, wait for the last records, compare with the reference, and check
-        the ownership timeline the instances wrote (the changelog, `timeline.json` in the
-        workdir): whether the final state is exact and no task was ever processed by two
-        instances at once. Prints each phase's longest per-partition pause."""
+        """Stop the input, wait for the last records, check every output record against the
+        reference (`outputs.check_outputs`), and the ownership timeline the instances wrote (the
+        changelog, `timeline.json` in the workdir): whether every output is exact and no task
+        was ever processed by two instances at once. Prints each phase's longest per-partition
+        pause."""
         sent = self.feed.stop()
         self.say(f"input stopped after {sent:,} records; waiting for the last ones to be processed")
         self.watcher.run_until(lambda: self.watcher.input_lag() == 0, "processing the last records")
-        reference, emitted = read_final_counts(self.bootstrap, self.options.tasks)
-        lost = sum(max(0, n - emitted.get(user, 0)) for user, n in reference.items())
-        doubled = sum(max(0, emitted.get(user, 0) - n) for user, n in reference.items())
-        unknown = set(emitted) - set(reference)
-        exact = lost == 0 and doubled == 0 and not unknown
-        self.lost, self.doubled = lost, doubled
-        self.say(
-            f"final state: {len(reference):,} users, {sum(reference.values()):,} records; "
-            f"{lost} updates lost, {doubled} applied twice: " + ("EXACT" if exact else "NOT EXACT")
-        )
+        reference, emitted = read_inputs_and_outputs(self.bootstrap, self.options.tasks)
+        outputs = check_outputs(reference, emitted)
+        self.outputs = outputs
+        self.lost, self.doubled = outputs.lost, outputs.doubled
+        self.say(f"every output record checked: {outputs.summary()}")
+        for example in outputs.examples:
+            self.say(f"  for instance {example}")
         timelines = read_timelines(self.bootstrap, CHANGELOG_TOPIC, self.options.tasks, QUIET)
         self.timelines = timelines
         path = self.options.workdir / "timeline.json"
@@ -651,7 +655,7 @@ class Session:
             f"tasks processed by two instances at once: {len({o.task for o in overlaps})} "
             f"(the ownership timeline is in {path})"
         )
-        return exact and not overlaps
+        return outputs.exact and not overlaps
 
 
 @contextmanager
