@@ -179,6 +179,9 @@ def _batch(instance: Instance, limit: int) -> int:
                     if message.error() is None:
                         counts[json.loads(message.value() or b"")["user"]] += 1
                         read += 1
+                        _kind, millis = message.timestamp()
+                        newest = max(millis / 1000, batch.newest.get(partition, 0.0))
+                        batch.newest[partition] = newest
             batch.ends[partition] = {topic: end}
             batch.counts[partition] = read
             batch.updates[partition] = sorted(counts.items())

@@ -4,6 +4,7 @@ These tests drive real instances (stores, changelog, transactions, restore loop,
 through the operator's channels; the Spark half of a micro-batch is replaced by `feed`.
 """
 
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -652,3 +653,40 @@ def test_a_task_turns_active_in_the_tick_that_writes_its_marker(
     # ... and the source sees them in one plan, the first after start's empty one: it starts
     # a batch as soon as it sees a new partition, which must not be with only one of them.
     assert (plan.version, len(plan.partitions)) == (2, 2)
+
+
+def test_a_long_micro_batch_does_not_silence_the_instance(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    """A new pod's first micro-batches on a cold JVM take tens of seconds on a loaded node, and
+    hold the instance lock meanwhile: the ticks that cannot get in still beat (the latest
+    reports, committed again), so the operator never takes a busy instance for a hung one."""
+    config = app_config(embedded_kafka, tmp_path)
+    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    operator.write("pod-a", Assignment(generation=1, tasks={0: active(1), 1: warmup(1)}))
+    reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
+    with running(for_instance(config, "pod-a")) as a:
+        until_active(a, {0: 1})
+        before = reader.reports("pod-a", PARTITIONS)
+        held, done = threading.Event(), threading.Event()
+
+        def long_batch() -> None:
+            with a.lock:
+                held.set()
+                done.wait()
+
+        batch = threading.Thread(target=long_batch)
+        batch.start()
+        held.wait()
+        for _ in range(4):
+            a.tick()  # each waits TICK_LOCK_SECONDS for the lock, then gives up
+        during = reader.reports("pod-a", PARTITIONS)
+        done.set()
+        batch.join()
+    operator.close()
+    reader.close()
+
+    assert during[0].beat is not None
+    assert before[0].beat is not None
+    assert during[0].beat >= before[0].beat + 2
+    assert (during[0].role, during[1].role) == (ReportedRole.ACTIVE, ReportedRole.WARMUP)

@@ -134,8 +134,19 @@ def openapi_schema() -> dict[str, Any]:
     }
 
 
-def _printer_column(name: str, type_: str, path: str, description: str) -> dict[str, str]:
-    return {"name": name, "type": type_, "jsonPath": path, "description": description}
+def _printer_column(
+    name: str, type_: str, path: str, description: str, *, wide: bool = False
+) -> dict[str, str | int]:
+    """A column of `kubectl get`; `wide`: only with `-o wide` (priority 1)."""
+    column: dict[str, str | int] = {
+        "name": name,
+        "type": type_,
+        "jsonPath": path,
+        "description": description,
+    }
+    if wide:
+        column["priority"] = 1
+    return column
 
 
 def custom_resource_definition() -> dict[str, Any]:
@@ -195,8 +206,38 @@ def custom_resource_definition() -> dict[str, Any]:
                             ".status.maxLag",
                             "Largest changelog lag of a warm-up or standby (records)",
                         ),
+                        _printer_column(
+                            "Input-Lag",
+                            "integer",
+                            ".status.inputLag",
+                            "Input records not processed yet",
+                        ),
                         _printer_column("Phase", "string", ".status.phase", "The app's phase"),
                         _printer_column("Age", "date", ".metadata.creationTimestamp", "Age"),
+                        _printer_column(
+                            "Tasks", "integer", ".status.tasksTotal", "Tasks", wide=True
+                        ),
+                        _printer_column(
+                            "Lag-Seconds",
+                            "number",
+                            ".status.inputLagSeconds",
+                            "Age of the newest input record processed, while input waits",
+                            wide=True,
+                        ),
+                        _printer_column(
+                            "Progress",
+                            "string",
+                            ".status.conditions[?(@.type=='Progressing')].reason",
+                            "What is moving (the Progressing condition's reason)",
+                            wide=True,
+                        ),
+                        _printer_column(
+                            "Last-Scaled",
+                            "date",
+                            ".status.lastScaling.started",
+                            "When the last change of the instance count began",
+                            wide=True,
+                        ),
                     ],
                 }
             ],

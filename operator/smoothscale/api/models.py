@@ -823,6 +823,12 @@ class TaskStatus(ApiModel):
     """The instances holding the task, at most one of them active."""
     handover: TaskHandover | None = None
     """Set while the task moves to a new active owner; cleared once the new owner is active."""
+    input_lag: Annotated[int, Field(strict=True, ge=0)] | None = None
+    """Input records of the task's partitions not processed yet (as of the active owner's
+    last report); absent while it has no active owner."""
+    input_lag_seconds: Annotated[float, Field(ge=0)] | None = None
+    """How old the newest input record the active owner has processed is, while input waits
+    (0 when none does); absent when the records carry no timestamps."""
 
     def holders_in(self, role: TaskRole) -> list[TaskHolder]:
         """The holders in `role`."""
@@ -896,6 +902,12 @@ class StreamingAppStatus(ApiModel):
     """The number of tasks: the partition count of the input topics."""
     max_lag: Annotated[int, Field(strict=True, ge=0)] | None = None
     """The largest changelog lag of any warm-up or standby task (records)."""
+    input_lag: Annotated[int, Field(strict=True, ge=0)] | None = None
+    """Input records not processed yet, summed over the tasks that have an active owner: the
+    number that says whether the app keeps up (also the metric
+    smoothscale_app_input_lag_records, for an HPA or KEDA)."""
+    input_lag_seconds: Annotated[float, Field(ge=0)] | None = None
+    """The largest input lag in seconds of any task (see tasks[].inputLagSeconds)."""
     assignment_generation: Annotated[int, Field(strict=True, ge=0)] = 0
     """The generation of the last assignment written to the assignments topic."""
     tasks: Annotated[

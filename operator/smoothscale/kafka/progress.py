@@ -19,7 +19,7 @@ up instead of always one poll behind. Otherwise it is the current last stable of
 """
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -61,6 +61,9 @@ class TaskReport:
     """Per state store, the next changelog offset applied to the local store."""
     input_positions: Mapping[str, int] | None = None
     """For an active task: per input topic, the next input offset (from its state)."""
+    input_time: float | None = None
+    """For an active task: the timestamp (seconds since the epoch) of the newest input record
+    it has processed, when the records carry timestamps: how old its processing front is."""
     ends: Mapping[str, int] | None = None
     """Per state store, the changelog end offset the instance saw when it took `positions`
     (one consistent view: lag = ends - positions); None when it did not measure one."""
@@ -84,6 +87,8 @@ class TaskReport:
         }
         if self.input_positions is not None:
             fields["input"] = dict(self.input_positions)
+        if self.input_time is not None:
+            fields["inputTime"] = round(self.input_time * 1000)
         if self.ends is not None:
             fields["ends"] = dict(self.ends)
         if self.seen_epoch is not None:
@@ -105,6 +110,8 @@ class TaskProgress:
     report: TaskReport
     lag: int
     """Changelog records (summed over stores) the instance still has to restore."""
+    input_lag: int | None = None
+    """For an active report: input records (summed over input topics) not processed yet."""
 
 
 def _latest_offset_spec() -> OffsetSpec:
@@ -179,6 +186,7 @@ def parse_report(
         error = fields.get("error")
         beat = fields.get("beat")
         uid = fields.get("uid")
+        input_time = fields.get("inputTime")
         return TaskReport(
             task=task,
             role=ReportedRole(fields["role"]),
@@ -193,6 +201,7 @@ def parse_report(
             error=None if error is None else str(error),
             beat=None if beat is None else int(beat),
             uid=None if uid is None else str(uid),
+            input_time=None if input_time is None else int(input_time) / 1000,
         )
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
@@ -212,10 +221,14 @@ class ProgressReader:
         app_id: str,
         changelog_topics: Mapping[str, str],
         client_config: Mapping[str, str] | None = None,
+        *,
         timeout: float = 10.0,
+        input_topics: Sequence[str] = (),
     ) -> None:
+        """`input_topics`: the app's, whose end offsets give each active task's input lag."""
         self.app_id = app_id
         self._changelog_topics = dict(changelog_topics)
+        self._input_topics = tuple(input_topics)
         self._config = _client_config(bootstrap_servers, client_config)
         self._timeout = timeout
         self._consumers: dict[str, Consumer] = {}
@@ -224,25 +237,34 @@ class ProgressReader:
         """How many committed reports did not parse (a newer or broken instance) and were
         skipped, since this reader was made: a counter for the operator's metrics."""
 
-    def end_offsets(self, tasks: int) -> dict[tuple[str, TaskId], int]:
-        """The last stable offset of every changelog partition, per (store, task)."""
+    def end_offsets(
+        self, tasks: int
+    ) -> tuple[dict[tuple[str, TaskId], int], dict[tuple[str, TaskId], int]]:
+        """The last stable offsets of every changelog partition, per (store, task), and of
+        every input partition, per (input topic, task), from one ListOffsets request."""
+        topics = [*self._changelog_topics.values(), *self._input_topics]
         requests = {
             TopicPartition(topic, task): _latest_offset_spec()
-            for topic in self._changelog_topics.values()
+            for topic in topics
             for task in range(tasks)
         }
         if not requests:
-            return {}
+            return {}, {}
         futures = self._admin.list_offsets(
             requests,
             isolation_level=IsolationLevel.READ_COMMITTED,
             request_timeout=self._timeout,
         )
         store_of = {topic: store for store, topic in self._changelog_topics.items()}
-        return {
-            (store_of[partition.topic], partition.partition): future.result().offset
-            for partition, future in futures.items()
-        }
+        changelogs: dict[tuple[str, TaskId], int] = {}
+        inputs: dict[tuple[str, TaskId], int] = {}
+        for partition, future in futures.items():
+            offset = future.result().offset
+            if partition.topic in store_of:
+                changelogs[(store_of[partition.topic], partition.partition)] = offset
+            if partition.topic in self._input_topics:
+                inputs[(partition.topic, partition.partition)] = offset
+        return changelogs, inputs
 
     def reports(self, instance_id: str, tasks: int) -> dict[TaskId, TaskReport]:
         """Instance `instance_id`'s reports for tasks 0..tasks-1, fetched in one request."""
@@ -290,7 +312,7 @@ class ProgressReader:
     ) -> dict[tuple[str, TaskId], TaskProgress]:
         """Every instance's report per task, with its lag: against the end offsets the report
         carries, else against the current ones."""
-        ends = self.end_offsets(tasks)
+        ends, input_ends = self.end_offsets(tasks)
         progress: dict[tuple[str, TaskId], TaskProgress] = {}
         for instance_id in instance_ids:
             for task, report in self.reports(instance_id, tasks).items():
@@ -303,7 +325,14 @@ class ProgressReader:
                     )
                     for store in self._changelog_topics
                 )
-                progress[(instance_id, task)] = TaskProgress(instance_id, report, lag)
+                input_lag = None
+                if report.input_positions is not None and self._input_topics:
+                    positions = report.input_positions
+                    input_lag = sum(
+                        max(0, input_ends.get((topic, task), 0) - positions.get(topic, 0))
+                        for topic in self._input_topics
+                    )
+                progress[(instance_id, task)] = TaskProgress(instance_id, report, lag, input_lag)
         return progress
 
     def forget(self, instance_id: str) -> None:

@@ -57,6 +57,16 @@ class OperatorMetrics:
             "max_lag_records",
             "The largest changelog lag of any warm-up or standby task of the app (records).",
         )
+        self.input_lag = self._gauge(
+            "input_lag_records",
+            "Input records the app has not processed yet, summed over its tasks: what an HPA "
+            "or KEDA scales on (docs/autoscaling.md).",
+        )
+        self.input_lag_seconds = self._gauge(
+            "input_lag_seconds",
+            "The largest, over the app's tasks, age of the newest input record processed while "
+            "input waits (0 when none does).",
+        )
         self.task_lag = Gauge(
             "task_lag_records",
             "Changelog records a holder of a task is behind, per task, instance and role.",
@@ -131,6 +141,16 @@ class OperatorMetrics:
             self.task_lag.labels(*labels).set(value)
         self.max_lag.labels(namespace, name).set(max(current.values(), default=0))
 
+    def set_input_lag(
+        self, namespace: str, name: str, records: int | None, seconds: float | None
+    ) -> None:
+        """The app's input lag now; a series without a value (not known yet) is dropped."""
+        for gauge, value in ((self.input_lag, records), (self.input_lag_seconds, seconds)):
+            if value is None:
+                _remove(gauge, namespace, name)
+            else:
+                gauge.labels(namespace, name).set(value)
+
     def observe_handover(self, namespace: str, name: str, seconds: float) -> None:
         self.handover_duration.labels(namespace, name).observe(seconds)
 
@@ -158,6 +178,8 @@ class OperatorMetrics:
             self.active_replicas,
             self.warmup_replicas,
             self.max_lag,
+            self.input_lag,
+            self.input_lag_seconds,
             self.handover_duration,
             self.reconcile_duration,
         ):

@@ -373,7 +373,9 @@ class AppController:
         self._kafka = _KafkaClients(
             settings=settings,
             topics=TopicManager({"bootstrap.servers": bootstrap, **config}),
-            reader=ProgressReader(bootstrap, app_id, stores, config),
+            reader=ProgressReader(
+                bootstrap, app_id, stores, config, input_topics=app.spec.kafka.input_topics
+            ),
             ledgers=LedgerRecord(bootstrap, app_id, config),
         )
         self.ledger = None
@@ -631,6 +633,17 @@ class AppController:
 
     def _track_scaling(self, desired: int, now: datetime) -> None:
         if self._desired is not None and self._desired != desired:
+            unfinished = self._scaling
+            if unfinished is not None and unfinished.finished is None:
+                # Every scaling ends with an Event, this one cut short by the next.
+                self.events(
+                    "Normal",
+                    "ScalingSuperseded",
+                    f"scaling from {unfinished.from_replicas} to {unfinished.to_replicas} "
+                    f"instances superseded after "
+                    f"{(now - unfinished.started).total_seconds():.0f} s, with "
+                    f"{unfinished.hand_overs} hand-overs done, by scaling to {desired}",
+                )
             self._scaling = ScalingSummary(
                 from_replicas=self._desired, to_replicas=desired, started=now
             )
@@ -720,6 +733,9 @@ class AppController:
             if holder.lag is not None
         ]
         self.metrics.set_lag(self.namespace, self.name, lags)
+        self.metrics.set_input_lag(
+            self.namespace, self.name, status.input_lag, status.input_lag_seconds
+        )
 
     def _patch_status(self, patch: dict[str, Any]) -> None:
         try:

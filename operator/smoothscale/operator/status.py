@@ -82,7 +82,18 @@ def _condition(
     )
 
 
-def _task_statuses(snapshot: Snapshot) -> list[TaskStatus]:
+def _input_lag(progress: TaskProgress | None, now: datetime) -> tuple[int | None, float | None]:
+    """(records, seconds) an active owner's report shows its task behind its input."""
+    if progress is None or progress.input_lag is None:
+        return None, None
+    if progress.input_lag == 0:
+        return 0, 0.0
+    newest = progress.report.input_time
+    seconds = None if newest is None else round(max(0.0, now.timestamp() - newest), 3)
+    return progress.input_lag, seconds
+
+
+def _task_statuses(snapshot: Snapshot, now: datetime) -> list[TaskStatus]:
     ledger = snapshot.ledger
     if ledger is None or snapshot.tasks is None:
         return []
@@ -90,6 +101,7 @@ def _task_statuses(snapshot: Snapshot) -> list[TaskStatus]:
     for task in range(snapshot.tasks):
         owner = ledger.ownership(task)
         holders = []
+        input_lag: tuple[int | None, float | None] = (None, None)
         for instance, assignment in sorted(ledger.assignments.items()):
             held = assignment.tasks.get(task)
             if held is None:
@@ -97,6 +109,8 @@ def _task_statuses(snapshot: Snapshot) -> list[TaskStatus]:
             progress = snapshot.progress.get((instance, task))
             lag = None if progress is None or held.role is TaskRole.ACTIVE else progress.lag
             holders.append(TaskHolder(instance=instance, role=held.role, lag=lag))
+            if held.role is TaskRole.ACTIVE:
+                input_lag = _input_lag(progress, now)
         handover = None
         if owner.handover is not None:
             handover = TaskHandover(
@@ -105,7 +119,14 @@ def _task_statuses(snapshot: Snapshot) -> list[TaskStatus]:
                 started=snapshot.handover_started.get(task),
             )
         statuses.append(
-            TaskStatus(task=task, epoch=owner.epoch, holders=holders, handover=handover)
+            TaskStatus(
+                task=task,
+                epoch=owner.epoch,
+                holders=holders,
+                handover=handover,
+                input_lag=input_lag[0],
+                input_lag_seconds=input_lag[1],
+            )
         )
     return statuses
 
@@ -146,7 +167,7 @@ def app_status(
     """The status for this poll."""
     generation = snapshot.generation
     instances = _instances(snapshot)
-    tasks = _task_statuses(snapshot)
+    tasks = _task_statuses(snapshot, now)
     ledger = snapshot.ledger
     unowned = [t.task for t in tasks if t.active is None and t.handover is None]
     moving = [t.task for t in tasks if t.handover is not None]
@@ -154,6 +175,8 @@ def app_status(
     draining = [i.name for i in instances if i.draining]
     starting = [i.name for i in instances if not i.ready]
     lags = [h.lag for t in tasks for h in t.holders if h.lag is not None]
+    input_lags = [t.input_lag for t in tasks if t.input_lag is not None]
+    input_seconds = [t.input_lag_seconds for t in tasks if t.input_lag_seconds is not None]
 
     problems = list(snapshot.problems)
     degraded = _condition(
@@ -228,6 +251,8 @@ def app_status(
         desired_replicas=snapshot.desired,
         tasks_total=snapshot.tasks,
         max_lag=max(lags) if lags else None,
+        input_lag=sum(input_lags) if input_lags else None,
+        input_lag_seconds=max(input_seconds) if input_seconds else None,
         assignment_generation=ledger.generation if ledger is not None else 0,
         tasks=tasks,
         instances=instances,

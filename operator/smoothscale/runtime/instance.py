@@ -24,7 +24,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,6 +122,9 @@ class BatchInput:
     """Per task, per input topic: the offset after the batch's last record."""
     counts: dict[TaskId, int] = field(default_factory=dict)
     """Per task: input records in the batch (good and bad)."""
+    newest: dict[TaskId, float] = field(default_factory=dict)
+    """Per task: the timestamp (seconds since the epoch) of the newest record in the batch,
+    when its records carry one."""
     updates: dict[TaskId, list[tuple[str, Any]]] = field(default_factory=dict)
     """Per task: the pipeline's (key, update) pairs."""
     dead_letters: dict[TaskId, list[Any]] = field(default_factory=dict)
@@ -141,6 +144,9 @@ class _Active:
     """The writer's last committed batch (0: none, or only the start position)."""
     last_closer: bytes | None = None
     """The key of the writer's last closer, which its next closer supersedes."""
+    input_time: float | None = None
+    """The timestamp of the newest input record processed here (reported: the input lag in
+    seconds)."""
     unverified_from: int = 0
     """The pipeline store's changelog offset right after the writer's last verified record
     (nobody above this writer wrote before it): from here on, nothing is verified yet, the
@@ -252,6 +258,10 @@ class Instance:
             client,
             uid=config.instance_uid,
         )
+        self._reports_lock = threading.Lock()
+        """Orders report commits: the micro-batch's and a tick's beat (`_beat`)."""
+        self._latest_reports: dict[TaskId, TaskReport] = {}
+        self._reported_at = 0.0
         self.replaced = False
         """Another pod has taken this instance's name (this process outlived its pod): it
         holds nothing, commits nothing and reports nothing any more; the worker exits."""
@@ -311,9 +321,7 @@ class Instance:
             )
         if self._released:
             log.info("reporting tasks released by a previous run: %s", sorted(self._released))
-            self._best_effort(
-                "report the releases", self._reports.commit, list(self._released.values())
-            )
+            self._best_effort("report the releases", self._commit_reports, self._released.values())
 
     def tick(self) -> None:
         """Called often by the worker's main thread: between micro-batches, apply a new
@@ -326,6 +334,7 @@ class Instance:
         # A batch in flight holds the lock: try again at the next tick rather than queue up
         # behind it, so the caller stays responsive (SIGTERM).
         if not self.lock.acquire(timeout=TICK_LOCK_SECONDS):
+            self._beat()
             return
         try:
             self._between_batches()
@@ -385,6 +394,8 @@ class Instance:
             if dropped is not None:
                 dropped.close()
         self._released, self._refused, self._fenced = {}, {}, {}
+        with self._reports_lock:
+            self._latest_reports = {}
 
     def shutdown(self, timeout: float) -> bool:
         """Release every task and close everything. Waits up to `timeout` for a batch in
@@ -597,6 +608,9 @@ class Instance:
             changes.reclaim(store, record.key, state_key_of(record.key))
         active.state.apply(changes)
         active.batch, active.last_closer = number, closing.key
+        newest = batch.newest.get(task)
+        if newest is not None:
+            active.input_time = max(newest, active.input_time or newest)
         superseded = [r.supersedes for r in [*records, closing] if r.supersedes is not None]
         offsets = active.producer.delivered_offsets[store]
         active.unverified.append((offsets[-1] + 1, superseded))
@@ -995,7 +1009,7 @@ class Instance:
             active.state.positions(),
         )
         self._released[task] = report
-        self._best_effort("report the release", self._reports.commit, [report])
+        self._best_effort("report the release", self._commit_reports, [report])
         self.metrics.forget_task(task)
         log.info("task %d released at %s", task, report.positions)
         return active.state
@@ -1102,6 +1116,7 @@ class Instance:
                     generation,
                     active.state.positions(),
                     {topic: self._input_position(active.state, topic) for topic in inputs},
+                    input_time=active.input_time,
                     error=self._pipeline_error(task),
                 )
             )
@@ -1132,17 +1147,40 @@ class Instance:
             )
             self.metrics.set_lag(task, role, lags.get(task, 0))
             self.metrics.set_restore_rate(task, restored.get(task, 0) / elapsed)
-        self._best_effort("commit the progress reports", self._reports.commit, reports)
+        self._best_effort("commit the progress reports", self._commit_reports, reports, True)
         if with_input_lag:
             self._best_effort("measure the input lag", self._set_input_lags, self._active)
 
+    def _commit_reports(self, reports: Iterable[TaskReport], whole: bool = False) -> None:
+        """Commit reports, and keep them as the latest said of each task (`whole`: of every
+        task this instance holds, forgetting any other)."""
+        reports = list(reports)
+        with self._reports_lock:
+            if whole:
+                self._latest_reports = {}
+            self._latest_reports.update({report.task: report for report in reports})
+            self._reports.commit(reports)
+            self._reported_at = time.monotonic()
+
+    def _beat(self) -> None:
+        """Commit the latest reports again (a new beat), without the instance lock: while a
+        long micro-batch holds it (a new pod's first batches on a cold JVM take tens of
+        seconds on a loaded node), the operator still hears that this process lives, and
+        never takes a busy instance for a hung one. What the reports say is what this instance
+        said last, never older."""
+        with self._reports_lock:
+            if self.replaced or time.monotonic() - self._reported_at < self.config.report_interval:
+                return
+            latest = list(self._latest_reports.values())
+        self._best_effort("beat", self._commit_reports, latest)
+
     @staticmethod
-    def _best_effort(what: str, action: Callable[[Any], None], argument: Any) -> None:
+    def _best_effort(what: str, action: Callable[..., None], *arguments: Any) -> None:
         """Reports and lag are repeated every report_interval: a failure to send one (broker
         briefly away) is logged, and the next report carries the same facts again (a release
         is reported again until the next assignment)."""
         try:
-            action(argument)
+            action(*arguments)
         except KafkaException as error:
             log.warning("could not %s: %s", what, error)
 

@@ -119,7 +119,11 @@ class MicroBatch:
 
         ranges = (
             classified.groupBy("topic", "partition")
-            .agg(F.max("offset").alias("last"), F.count("*").alias("records"))
+            .agg(
+                F.max("offset").alias("last"),
+                F.count("*").alias("records"),
+                F.max("timestamp").alias("newest"),
+            )
             .collect()
         )
         if not ranges:
@@ -134,6 +138,9 @@ class MicroBatch:
             task = int(row["partition"])
             collected.ends.setdefault(task, {})[row["topic"]] = int(row["last"]) + 1
             collected.counts[task] = collected.counts.get(task, 0) + int(row["records"])
+            if row["newest"] is not None:
+                newest = row["newest"].timestamp()
+                collected.newest[task] = max(newest, collected.newest.get(task, newest))
         for row in updates:
             collected.updates.setdefault(int(row["partition"]), []).append(
                 (str(row["key"]), _plain(row["update"]))
