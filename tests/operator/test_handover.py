@@ -685,3 +685,37 @@ def test_assignments_are_addressed_to_a_pod_and_written_again_for_its_successor(
     assert again.writes == {}
     successor = step(first.ledger, Observation({"a": InstanceStatus(uid="a-2")}, {}), 1, CONFIG)
     assert successor.writes["a"].uid == "a-2"
+
+
+def test_a_stalled_owner_loses_its_tasks_at_once_and_gets_none_back() -> None:
+    """An owner that reports itself stalled (its micro-batch hangs) processes nothing and may
+    never release: its task fails over at once, to another instance, at the next epoch."""
+    ledger = Ledger(
+        generation=4,
+        tasks={0: Ownership(epoch=2, active="a"), 1: Ownership(epoch=1, active="b")},
+        assignments={
+            "a": Assignment(generation=4, tasks={0: TaskAssignment(role=TaskRole.ACTIVE, epoch=2)}),
+            "b": Assignment(
+                generation=4,
+                tasks={
+                    1: TaskAssignment(role=TaskRole.ACTIVE, epoch=1),
+                    0: TaskAssignment(role=TaskRole.STANDBY, epoch=2),
+                },
+            ),
+        },
+        joined={"a": 1, "b": 1},
+    )
+    stalled = TaskReport(0, ReportedRole.ACTIVE, 2, 4, {"counts": 0}, stalled_for=130.0)
+    progress = {
+        ("a", 0): TaskProgress("a", stalled, 0),
+        ("b", 1): TaskProgress("b", TaskReport(1, ReportedRole.ACTIVE, 1, 4, {"counts": 0}), 0),
+        ("b", 0): TaskProgress("b", TaskReport(0, ReportedRole.STANDBY, 2, 4, {"counts": 0}), 0),
+    }
+    statuses = {"a": InstanceStatus(), "b": InstanceStatus()}
+    result = step(ledger, Observation(statuses, progress), 2, CONFIG)
+
+    assert result.ledger.tasks[0].active == "b"
+    assert result.ledger.tasks[0].epoch == 3
+    assert result.writes["b"].tasks[0].role is TaskRole.ACTIVE
+    assert result.writes["a"].tasks_in(TaskRole.ACTIVE) == set()
+    assert any("a has completed no micro-batch for 130 s" in event for event in result.events)

@@ -145,7 +145,7 @@ def feed(instance: Instance, limit: int = 50, tick: bool = True) -> int:
     (False: batches run back to back, as on a busy instance)."""
     if tick:
         instance.tick()
-    with instance.lock:
+    with instance.batch():
         read = _batch(instance, limit)
         instance.after_batch()
     return read

@@ -5,6 +5,8 @@ through the operator's channels; the Spark half of a micro-batch is replaced by 
 """
 
 import threading
+import urllib.error
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from devstack.kafka.front import KafkaFront
 from smoothscale.kafka.assignments import Assignment, AssignmentWriter, TaskAssignment
 from smoothscale.kafka.progress import ProgressCommitter, ProgressReader, ReportedRole, TaskReport
 from smoothscale.runtime.changelog import closer, data, marker
+from smoothscale.runtime.metrics import start_http_server
 from smoothscale.runtime.restore import catch_up
 from smoothscale.runtime.source import read_plan
 from smoothscale.runtime.store import TaskState
@@ -690,3 +693,54 @@ def test_a_long_micro_batch_does_not_silence_the_instance(
     assert before[0].beat is not None
     assert during[0].beat >= before[0].beat + 2
     assert (during[0].role, during[1].role) == (ReportedRole.ACTIVE, ReportedRole.WARMUP)
+
+
+def test_a_micro_batch_that_hangs_makes_the_instance_stalled_and_its_liveness_fail(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    """A pipeline that blocks (or a query that hangs) keeps its tasks from progressing: once the
+    query runs, a batch running past the stall timeout makes the instance say so in the reports
+    of its active tasks (the operator moves them) and on /healthz (the kubelet restarts it).
+    It recovers as soon as a batch completes."""
+    config = for_instance(app_config(embedded_kafka, tmp_path), "pod-a").model_copy(
+        update={"stall_timeout": 1.0}
+    )
+    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    operator.write("pod-a", Assignment(generation=1, tasks={0: active(1)}))
+    reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
+    with running(config) as a:
+        until_active(a, {0: 1})
+        a.metrics.set_ready(True)  # the query runs
+        server = start_http_server(0, a.metrics, host="127.0.0.1")
+        held, done = threading.Event(), threading.Event()
+
+        def hung_batch() -> None:
+            with a.batch():
+                held.set()
+                done.wait()
+
+        batch = threading.Thread(target=hung_batch)
+        batch.start()
+        held.wait()
+        try:
+            for _ in range(4):
+                a.tick()  # each waits TICK_LOCK_SECONDS for the lock, then beats
+            report = reader.reports("pod-a", PARTITIONS)[0]
+            health = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz")
+        except urllib.error.HTTPError as error:
+            health = error
+        finally:
+            done.set()
+            batch.join()
+        a.tick()
+        recovered = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz")
+        server.stop()
+    operator.close()
+    reader.close()
+
+    assert report.role is ReportedRole.ACTIVE
+    assert report.stalled_for is not None
+    assert report.stalled_for >= 1.0
+    assert health.status == 503
+    assert b"no micro-batch completed" in health.read()
+    assert recovered.status == 200

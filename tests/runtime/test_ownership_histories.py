@@ -150,7 +150,7 @@ class History:
     # Steps ----------------------------------------------------------------------------------
 
     def produce(self) -> None:
-        users = [self.rng.choice(USERS) for _ in range(self.rng.randint(1, 4))]
+        users = [self.rng.choice(USERS) for _ in range(self.rng.randint(1, 6))]
         for user in users:
             produce_to_partition(self.config, TASK, 1, user)
         self.records.extend(users)
@@ -161,7 +161,7 @@ class History:
         holders = [p for p in self.processes if p.alive and TASK in p.instance.active_tasks()]
         # Not in lockstep: an owner and a zombie that process the same records change the same
         # keys, which would hide what one of them does to the other's.
-        for process in [p for p in holders if self.rng.random() < 0.7] or holders[:1]:
+        for process in [p for p in holders if self.rng.random() < 0.5] or holders[:1]:
             timeout = self.rng.random() < 0.25
             if timeout:
                 monkeypatch.setattr(instance_module, "GAP_READ_SECONDS", 0.0)

@@ -452,6 +452,12 @@ class PipelineSpec(ApiModel):
     """How often a micro-batch starts; a task just handed over to an instance starts at once
     instead of at the next one. 0s starts the next micro-batch as soon as the previous one is
     done."""
+    stall_timeout: PositiveDuration = timedelta(minutes=2)
+    """Once an instance's query runs: a micro-batch running longer than this, or none completed
+    for this long while its active tasks have input waiting, makes it stalled (a pipeline that
+    blocks, a query that hangs). Its tasks then fail over to other instances with a Warning
+    Event, and its liveness probe fails so the kubelet restarts it. Raise it if your batches
+    take longer."""
 
 
 class SecurityProtocol(StrEnum):

@@ -64,6 +64,10 @@ class TaskReport:
     input_time: float | None = None
     """For an active task: the timestamp (seconds since the epoch) of the newest input record
     it has processed, when the records carry timestamps: how old its processing front is."""
+    stalled_for: float | None = None
+    """For an active task: how long the instance has been stalled (a micro-batch running
+    longer than its stall timeout, or none completed that long while input waits), when it
+    is: the operator moves its tasks."""
     ends: Mapping[str, int] | None = None
     """Per state store, the changelog end offset the instance saw when it took `positions`
     (one consistent view: lag = ends - positions); None when it did not measure one."""
@@ -89,6 +93,8 @@ class TaskReport:
             fields["input"] = dict(self.input_positions)
         if self.input_time is not None:
             fields["inputTime"] = round(self.input_time * 1000)
+        if self.stalled_for is not None:
+            fields["stalledFor"] = round(self.stalled_for, 1)
         if self.ends is not None:
             fields["ends"] = dict(self.ends)
         if self.seen_epoch is not None:
@@ -187,6 +193,7 @@ def parse_report(
         beat = fields.get("beat")
         uid = fields.get("uid")
         input_time = fields.get("inputTime")
+        stalled_for = fields.get("stalledFor")
         return TaskReport(
             task=task,
             role=ReportedRole(fields["role"]),
@@ -202,6 +209,7 @@ def parse_report(
             beat=None if beat is None else int(beat),
             uid=None if uid is None else str(uid),
             input_time=None if input_time is None else int(input_time) / 1000,
+            stalled_for=None if stalled_for is None else float(stalled_for),
         )
     except (ValueError, KeyError, TypeError, AttributeError):
         return None

@@ -161,6 +161,7 @@ def step(ledger: Ledger, observed: Observation, tasks: int, config: PlannerConfi
     fresh = _fresh_reports(ledger, observed)
     owners = {t: _survive(ledger.ownership(t), t, live, events) for t in range(tasks)}
     owners = {t: _drop_refused(o, t, fresh, events) for t, o in owners.items()}
+    owners = {t: _drop_stalled(o, t, fresh, events) for t, o in owners.items()}
     owners = {t: _raise_epoch(o, t, fresh, events) for t, o in owners.items()}
     owners = {t: finish_release(o, t, fresh, events) for t, o in owners.items()}
 
@@ -288,6 +289,35 @@ def _drop_refused(owner: Ownership, task: TaskId, fresh: Reports, events: list[s
     return Ownership(epoch=seen)
 
 
+def _stalled(fresh: Reports) -> set[InstanceId]:
+    """Instances that report themselves stalled (no micro-batch completing while input
+    waits): they process nothing, so they are given no active task."""
+    return {instance for (instance, _task), p in fresh.items() if p.report.stalled_for is not None}
+
+
+def _drop_stalled(owner: Ownership, task: TaskId, fresh: Reports, events: list[str]) -> Ownership:
+    """Take `task` from an owner that reports itself stalled: it processes nothing, and may
+    never release (its micro-batch hangs). The task fails over at once, as from an owner that
+    died: the new owner's epoch marker (and Kafka's fencing) keep whatever the stalled batch
+    commits later from counting. A hand-over it was the source of goes to its destination."""
+    holder = owner.handover.source if owner.handover is not None else owner.active
+    progress = fresh.get((holder, task)) if holder is not None else None
+    if progress is None or progress.report.stalled_for is None:
+        return owner
+    if progress.report.role is not ReportedRole.ACTIVE or progress.report.epoch != owner.epoch:
+        return owner
+    destination = owner.handover.destination if owner.handover is not None else None
+    successor = destination or "the most caught-up instance"
+    events.append(
+        f"task {task}: {holder} has completed no micro-batch for "
+        f"{progress.report.stalled_for:.0f} s while input waits; {successor} takes it over at "
+        f"once (epoch {owner.epoch + 1})"
+    )
+    if destination is not None:
+        return Ownership(epoch=owner.epoch + 1, active=destination)
+    return Ownership(epoch=owner.epoch)
+
+
 def _raise_epoch(owner: Ownership, task: TaskId, fresh: Reports, events: list[str]) -> Ownership:
     """Raise `task`'s epoch to the highest a live instance reports, so the next owner's epoch
     is above every epoch the changelog may hold (after a lost or older ledger).
@@ -366,6 +396,7 @@ def _cluster_state(
     """The planner's view: decided owners are active (hand-overs count as done), the rest of
     each instance's roles as last written, and the lags of the reports that match them."""
     tasks = len(owners)
+    stalled = _stalled(fresh)
     instances = []
     for instance, status in sorted(live.items()):
         roles: dict[TaskId, TaskRole] = {}
@@ -385,7 +416,7 @@ def _cluster_state(
         instances.append(
             Instance(
                 id=instance,
-                ready=status.ready,
+                ready=status.ready and instance not in stalled,
                 draining=status.draining,
                 force_release=status.force_release,
                 roles=roles,

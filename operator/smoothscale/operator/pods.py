@@ -190,6 +190,7 @@ def worker_config(
             "stores": {store.name: store.changelog_topic for store in spec.kafka.state_stores},
             "pipeline": spec.pipeline.ref,
             "trigger_interval": spec.pipeline.trigger_interval.total_seconds(),
+            "stall_timeout": spec.pipeline.stall_timeout.total_seconds(),
             "state_dir": STATE_DIR,
             "metrics_port": instance_port(ordinal_of(instance_name), base_port),
             "shutdown_timeout": shutdown_timeout(termination_grace_seconds(app)),

@@ -265,6 +265,7 @@ class AppController:
             silent = self._heartbeats.silent(holding, own, _silence(scaling), now)
             progress = _without_stale_restores(progress, silent)
             problems += _silence_problems(silent, _silence(scaling))
+            problems += _stall_problems(progress)
             problems += _report_problems(progress)
             stalled = self._catch_up.observe(
                 progress, scaling.acceptable_recovery_lag, scaling.probing_interval, now
@@ -973,6 +974,26 @@ def _silence_problems(silent: set[str], after: timedelta) -> list[Problem]:
             "logs and its CPU",
         )
         for instance in sorted(silent)
+    ]
+
+
+def _stall_problems(progress: Mapping[tuple[str, TaskId], TaskProgress]) -> list[Problem]:
+    """An instance that reports itself stalled: its tasks fail over (`handover.step`), and a
+    person should see why its pipeline or query is stuck."""
+    stalled: dict[str, float] = {}
+    for (instance, _task), item in progress.items():
+        if item.report.stalled_for is not None:
+            stalled[instance] = max(item.report.stalled_for, stalled.get(instance, 0.0))
+    return [
+        Problem(
+            "InstanceStalled",
+            f"{instance} has completed no micro-batch for {seconds:.0f} s while its input "
+            "waits (spec.pipeline.stallTimeout): its tasks move to other instances and the "
+            "kubelet restarts it (its liveness probe fails). A pipeline that blocks on some "
+            "records stalls every owner of their task: look at its logs (kill -USR1 prints "
+            "every thread's stack)",
+        )
+        for instance, seconds in sorted(stalled.items())
     ]
 
 

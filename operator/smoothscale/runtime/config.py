@@ -104,6 +104,14 @@ class WorkerConfig(BaseModel):
         description="On SIGTERM, give up finishing the batch after this long (keep it below the "
         "pod's terminationGracePeriodSeconds).",
     )
+    stall_timeout: float = Field(
+        default=120.0,
+        gt=0,
+        description="Once the query runs, a micro-batch running longer than this, or none "
+        "completed for this long while its active tasks have input waiting, makes the instance "
+        "stalled: it says so in its reports (the operator moves its tasks) and its liveness "
+        "endpoint fails (the kubelet restarts it).",
+    )
     state_reuse_seconds: float = Field(
         default=43_200.0,
         gt=0,

@@ -24,8 +24,9 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -258,6 +259,12 @@ class Instance:
             client,
             uid=config.instance_uid,
         )
+        self._batch_started: float | None = None
+        """When the micro-batch in flight began (None: none is)."""
+        self._progressed_at = time.monotonic()
+        """When the instance last made progress: a batch completed, a task turned active."""
+        self._input_waiting = False
+        """Whether its active tasks had input waiting when it last looked."""
         self._reports_lock = threading.Lock()
         """Orders report commits: the micro-batch's and a tick's beat (`_beat`)."""
         self._latest_reports: dict[TaskId, TaskReport] = {}
@@ -323,6 +330,46 @@ class Instance:
             log.info("reporting tasks released by a previous run: %s", sorted(self._released))
             self._best_effort("report the releases", self._commit_reports, self._released.values())
 
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """One micro-batch: holds the lock (an assignment is applied before or after it, never
+        in the middle), and is timed, for the stall watch."""
+        with self.lock:
+            self._batch_started = time.monotonic()
+            try:
+                yield
+            finally:
+                self._batch_started = None
+                self._progressed_at = time.monotonic()
+
+    def stalled_for(self) -> float | None:
+        """How long the instance has been stalled, if it is: once its query runs (it is
+        ready), a micro-batch running longer than the stall timeout, or none completed for
+        that long while its active tasks have input waiting."""
+        if not self.metrics.ready:
+            return None
+        now, timeout = time.monotonic(), self.config.stall_timeout
+        started = self._batch_started
+        if started is not None and now - started > timeout:
+            return now - started
+        idle = now - self._progressed_at
+        if started is None and self._active and self._input_waiting and idle > timeout:
+            return idle
+        return None
+
+    def _watch_progress(self) -> None:
+        """Keep the liveness endpoint in step with the stall watch."""
+        stalled = self.stalled_for()
+        why = None
+        if stalled is not None:
+            why = (
+                f"no micro-batch completed for {stalled:.0f} s while input waits (stall timeout "
+                f"{self.config.stall_timeout:.0f} s): the pipeline or the query is stuck"
+            )
+        if why is not None and self.metrics.stalled is None:
+            log.error("instance %s is stalled: %s", self.config.instance_id, why)
+        self.metrics.set_stalled(why)
+
     def tick(self) -> None:
         """Called often by the worker's main thread: between micro-batches, apply a new
         assignment, activate caught-up tasks, report progress. Never runs during a batch: if
@@ -330,6 +377,7 @@ class Instance:
         does the work."""
         if self._restore.error is not None:
             raise RuntimeError("the restore loop failed") from self._restore.error
+        self._watch_progress()
         self._poll_assignment()
         # A batch in flight holds the lock: try again at the next tick rather than queue up
         # behind it, so the caller stays responsive (SIGTERM).
@@ -985,6 +1033,7 @@ class Instance:
         self._active[task] = _Active(
             writer, state, producer, last_closer=last_closer, unverified_from=unverified_from
         )
+        self._progressed_at = time.monotonic()
         for topic in self.config.input_topics:
             self._plan_starts[(topic, task)] = state.input_positions()[topic]
             self._activations[(topic, task)] = self._activations.get((topic, task), 0) + 1
@@ -1107,6 +1156,7 @@ class Instance:
             *self._fenced.values(),
         ]
         inputs = self.config.input_topics
+        stalled = self.stalled_for()
         for task, active in self._active.items():
             reports.append(
                 TaskReport(
@@ -1117,6 +1167,7 @@ class Instance:
                     active.state.positions(),
                     {topic: self._input_position(active.state, topic) for topic in inputs},
                     input_time=active.input_time,
+                    stalled_for=stalled,
                     error=self._pipeline_error(task),
                 )
             )
@@ -1172,6 +1223,11 @@ class Instance:
             if self.replaced or time.monotonic() - self._reported_at < self.config.report_interval:
                 return
             latest = list(self._latest_reports.values())
+        stalled = self.stalled_for()
+        latest = [
+            replace(report, stalled_for=stalled) if report.role is ReportedRole.ACTIVE else report
+            for report in latest
+        ]
         self._best_effort("beat", self._commit_reports, latest)
 
     @staticmethod
@@ -1185,6 +1241,7 @@ class Instance:
             log.warning("could not %s: %s", what, error)
 
     def _set_input_lags(self, active: Mapping[TaskId, _Active]) -> None:
+        waiting = False
         for task, held in active.items():
             lag = 0
             for topic in self.config.input_topics:
@@ -1193,6 +1250,8 @@ class Instance:
                 )
                 lag += max(0, high - self._input_position(held.state, topic))
             self.metrics.set_lag(task, TaskRole.ACTIVE, lag)
+            waiting = waiting or lag > 0
+        self._input_waiting = waiting
 
 
 def _follows_on(unverified_from: int, offsets: list[int]) -> bool:

@@ -4,7 +4,8 @@
 can live in one test process without clashing). `start_http_server` serves them:
 - /metrics: the Prometheus text format;
 - /readyz: 200 once the instance is ready (`set_ready(True)`), 503 before and after;
-- /healthz: 200 while the process answers at all.
+- /healthz: 200 while the process answers and is not stalled (a micro-batch running past the
+  stall timeout, or none completed that long while input waits), else 503 with the reason.
 """
 
 import threading
@@ -97,6 +98,7 @@ class InstanceMetrics:
         )
         self._ready_lock = threading.Lock()
         self._is_ready = False
+        self._stalled: str | None = None
 
     def set_ready(self, ready: bool) -> None:
         """Say whether the instance is ready; /readyz follows at once."""
@@ -108,6 +110,16 @@ class InstanceMetrics:
     def ready(self) -> bool:
         with self._ready_lock:
             return self._is_ready
+
+    def set_stalled(self, why: str | None) -> None:
+        """Say the instance is stalled, and why (None: it is not); /healthz follows at once."""
+        with self._ready_lock:
+            self._stalled = why
+
+    @property
+    def stalled(self) -> str | None:
+        with self._ready_lock:
+            return self._stalled
 
     def count_processed(self, task: TaskId, records: int) -> None:
         self.records_processed.labels(task=str(task)).inc(records)
@@ -195,7 +207,11 @@ def start_http_server(port: int, metrics: InstanceMetrics, host: str = "0.0.0.0"
                 else:
                     self._answer(HTTPStatus.SERVICE_UNAVAILABLE, b"not ready\n")
             elif path == "/healthz":
-                self._answer(HTTPStatus.OK, b"ok\n")
+                stalled = metrics.stalled
+                if stalled is None:
+                    self._answer(HTTPStatus.OK, b"ok\n")
+                else:
+                    self._answer(HTTPStatus.SERVICE_UNAVAILABLE, f"stalled: {stalled}\n".encode())
             else:
                 self._answer(
                     HTTPStatus.NOT_FOUND, b"not found: try /metrics, /readyz or /healthz\n"

@@ -56,9 +56,9 @@ class MicroBatch:
         self.metrics = metrics
 
     def __call__(self, batch: "DataFrame", batch_id: int) -> None:
-        # The instance lock makes the whole batch a unit: an assignment is applied before or
-        # after it, never in the middle.
-        with self.instance.lock:
+        # The whole batch is a unit (an assignment is applied before or after it, never in the
+        # middle), and is timed for the stall watch.
+        with self.instance.batch():
             if self.instance.stopping:
                 return
             self._run(batch, batch_id)
