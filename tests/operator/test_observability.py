@@ -1,15 +1,20 @@
-"""What a user can ask of a running app: its input lag (status, per task, metric) and how each
-scaling ended. The operator's real control loop and real instances, in this process."""
+"""What a user can ask of a running app, and what keeps running when something needs a person:
+its input lag (status, per task, metric), how each scaling ended, a topic problem that does not
+freeze the app. The operator's real control loop and real instances, in this process."""
 
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
 from devstack.kafka.front import KafkaFront
 from smoothscale.api.models import API_VERSION, PLURAL
+from smoothscale.kafka import names
+from smoothscale.kafka.progress import ProgressReader
 from smoothscale.kubeapi import MERGE_PATCH
 from smoothscale.operator.reconcile import AppController
 from tests.operator.in_process import APPS, Platform, create_topics, streaming_app
-from tests.operator.protocol import InProcessPods, produce
+from tests.operator.protocol import InProcessPods, active_holders, produce
 
 TASKS = 2
 FAST = {"lagPollInterval": "100ms", "probingInterval": "1s"}
@@ -111,3 +116,54 @@ def test_a_scaling_superseded_by_the_next_says_so_and_the_next_ends_with_scaled(
     assert superseded.endswith("by scaling to 2")
     [scaled] = [message for reason, message in reasons if reason == "Scaled"]
     assert scaled.startswith("scaled from 3 to 2 instances")
+
+
+def test_a_topic_problem_does_not_stop_a_failover(
+    platform: Platform, kafka_front: KafkaFront, tmp_path: Path
+) -> None:
+    """A changelog reconfigured so that retention would delete state is a problem for a
+    person (Degraded), not a reason to leave a task without an owner: an instance lost
+    meanwhile still has its tasks failed over."""
+    source = streaming_app(kafka_front.bootstrap_servers, replicas=2, scaling=FAST)
+    create_topics(kafka_front.bootstrap_servers, source, partitions=TASKS)
+    name = source["metadata"]["name"]
+    app_id = f"{APPS}.{name}"
+    platform.apply(source)
+    pods = InProcessPods(platform, tmp_path / "pods")
+    controller = platform.controller(source)
+    reader = ProgressReader(
+        kafka_front.bootstrap_servers,
+        app_id,
+        {"counts": names.changelog_topic(app_id, "counts")},
+    )
+    try:
+
+        def spread() -> bool:
+            """each instance active on one task"""
+            return len(set(active_holders(reader, sorted(pods.pods), TASKS).values())) == 2
+
+        run(controller, pods, spread)
+        admin = AdminClient({"bootstrap.servers": kafka_front.bootstrap_servers})
+        changelog = ConfigResource("TOPIC", names.changelog_topic(app_id, "counts"))
+        changelog.add_incremental_config(
+            ConfigEntry("cleanup.policy", "delete", incremental_operation=AlterConfigOpType.SET)
+        )
+        admin.incremental_alter_configs([changelog])[changelog].result(10)
+        controller.poll()
+        assert platform.degraded(source)["reason"] == "ChangelogRetention"
+        lost = f"{name}-1"
+        pods.kill(lost)
+        platform.admin.request("DELETE", f"/api/v1/namespaces/{APPS}/pods/{lost}")
+
+        def every_task_active() -> bool:
+            """every task active on a live instance"""
+            holders = active_holders(reader, sorted(pods.pods), TASKS)
+            return set(holders) == set(range(TASKS)) and lost not in holders.values()
+
+        run(controller, pods, every_task_active)
+        degraded = platform.degraded(source)
+    finally:
+        pods.close()
+        reader.close()
+
+    assert degraded["reason"] == "ChangelogRetention"

@@ -82,6 +82,10 @@ class Ledger:
     def ownership(self, task: TaskId) -> Ownership:
         return self.tasks.get(task, Ownership())
 
+    def tasks_count(self) -> int | None:
+        """The number of tasks this ledger was decided over (None: none yet)."""
+        return max(self.tasks) + 1 if self.tasks else None
+
 
 def forget(ledger: Ledger, instance: InstanceId) -> tuple[Ledger, tuple[str, ...]]:
     """The ledger once `instance`'s pod has been replaced (same name, new uid), and why.

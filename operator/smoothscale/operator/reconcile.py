@@ -218,11 +218,18 @@ class AppController:
             return self._degraded(app, generation, now, [_kafka_problem(error)])
         for topic in check.created:
             self.events("Normal", "TopicCreated", f"created Kafka topic {topic}")
-        if not check.ok or check.partitions is None:
-            return self._degraded(app, generation, now, _topic_problems(check))
-        tasks = check.partitions
-        desired = min(app.spec.replicas, tasks)
         problems: list[Problem] = []
+        tasks = check.partitions
+        if not check.ok:
+            # A topic problem needs a person, but must not freeze the app: failovers and
+            # hand-overs go on over the tasks that worked so far (the memory's).
+            problems += _topic_problems(check)
+            tasks = self.ledger.tasks_count() if self.ledger is not None else None
+            if _kafka_down(check):
+                tasks = None
+        if tasks is None:
+            return self._degraded(app, generation, now, problems)
+        desired = min(app.spec.replicas, tasks)
         if app.spec.replicas > tasks:
             problems.append(
                 Problem(
@@ -908,6 +915,11 @@ def _crash_problems(namespace: str, live: Mapping[str, PodView]) -> list[Problem
         for name, pod in sorted(live.items())
         if pod.crash is not None
     ]
+
+
+def _kafka_down(check: TopicCheck) -> bool:
+    """Whether the topic check could not reach Kafka at all (then nothing can go on)."""
+    return any(problem.reason == "KafkaUnavailable" for problem in check.problems)
 
 
 def _topic_problems(check: TopicCheck) -> list[Problem]:
