@@ -62,10 +62,11 @@ def _kubeconfig_argument(parser: argparse.ArgumentParser) -> None:
 def _register_up(parts: "Subparsers[argparse.ArgumentParser]") -> None:
     up = parts.add_parser(
         "up",
-        help="start the API server, the kubelet and Kafka in the background",
-        description="Start the local API server, the process kubelet and an embedded Kafka as "
-        "background processes, install the CRDs, write a kubeconfig and print how to use them. "
-        "Stop them with `smoothscale dev down`.",
+        help="start the API server, the scheduler, the controllers, a kubelet per node and "
+        "Kafka in the background",
+        description="Start the local API server, the scheduler, the controllers, a process "
+        "kubelet per node and an embedded Kafka as background processes, install the CRDs, "
+        "write a kubeconfig and print how to use them. Stop them with `smoothscale dev down`.",
     )
     up.add_argument("--state-dir", type=Path, help=_STATE_DIR_HELP)
     up.add_argument(
@@ -76,6 +77,13 @@ def _register_up(parts: "Subparsers[argparse.ArgumentParser]") -> None:
         "own (default: the StreamingApp CRD, generated from the models)",
     )
     up.add_argument("--api-port", type=int, default=0, help="API server port (default: a free one)")
+    up.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="number of nodes, each a process kubelet on this machine: 'local', 'local-2', ... "
+        "(default: %(default)s)",
+    )
     _topic_arguments(up)
     up.set_defaults(handler=_run_up)
 
@@ -236,6 +244,8 @@ def _run_up(args: argparse.Namespace) -> int:
         return _fail("up", error)
     if args.brokers < 1:
         return _fail("up", f"--brokers must be at least 1, got {args.brokers}")
+    if args.nodes < 1:
+        return _fail("up", f"--nodes must be at least 1, got {args.nodes}")
     if args.crds is not None and not args.crds.is_dir():
         return _fail("up", f"--crds {args.crds}: no such directory")
     try:
@@ -245,6 +255,7 @@ def _run_up(args: argparse.Namespace) -> int:
             topics=topics,
             brokers=args.brokers,
             api_port=args.api_port,
+            nodes=args.nodes,
         )
     except StackError as error:
         return _fail("up", error)
@@ -254,7 +265,12 @@ def _run_up(args: argparse.Namespace) -> int:
     print(
         f"  (Kafka controls: {info.kafka_control}; topics: smoothscale dev topic NAME:PARTITIONS)"
     )
-    print("  kubelet     node 'local', pods run as local processes")
+    nodes = ", ".join(f"'{node}'" for node in info.nodes)
+    print(
+        f"  kubelets    {'nodes' if len(info.nodes) > 1 else 'node'} {nodes}: pods run as "
+        "local processes on this machine"
+    )
+    print("  scheduler   binds pods to nodes")
     print("  controllers Deployments and ReplicaSets run their pods; PodDisruptionBudgets")
     print("Use it from this shell with:")
     print(info.exports())
