@@ -1,10 +1,16 @@
-"""`smoothscale dev ...`: the local control plane (API server, process kubelet, embedded Kafka)."""
+"""`smoothscale dev ...`: the local control plane (API server, scheduler, controllers, process
+kubelets, embedded Kafka)."""
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from smoothscale.cli import Subparsers
+
+if TYPE_CHECKING:
+    from smoothscale.kubeapi import KubeApi
 
 _STATE_DIR_HELP = (
     "where logs, pids, the kubeconfig and pod directories live "
@@ -25,6 +31,7 @@ def register(subparsers: "Subparsers[argparse.ArgumentParser]") -> None:
     _register_status(parts)
     _register_apiserver(parts)
     _register_kubelet(parts)
+    _register_scheduler(parts)
     _register_controllers(parts)
     _register_kafka(parts)
     _register_topic(parts)
@@ -44,13 +51,22 @@ def _topic_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _kubeconfig_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--kubeconfig",
+        type=Path,
+        help="the cluster to serve (default: $KUBECONFIG, then ~/.kube/config)",
+    )
+
+
 def _register_up(parts: "Subparsers[argparse.ArgumentParser]") -> None:
     up = parts.add_parser(
         "up",
-        help="start the API server, the kubelet and Kafka in the background",
-        description="Start the local API server, the process kubelet and an embedded Kafka as "
-        "background processes, install the CRDs, write a kubeconfig and print how to use them. "
-        "Stop them with `smoothscale dev down`.",
+        help="start the API server, the scheduler, the controllers, a kubelet per node and "
+        "Kafka in the background",
+        description="Start the local API server, the scheduler, the controllers, a process "
+        "kubelet per node and an embedded Kafka as background processes, install the CRDs, "
+        "write a kubeconfig and print how to use them. Stop them with `smoothscale dev down`.",
     )
     up.add_argument("--state-dir", type=Path, help=_STATE_DIR_HELP)
     up.add_argument(
@@ -61,6 +77,13 @@ def _register_up(parts: "Subparsers[argparse.ArgumentParser]") -> None:
         "own (default: the StreamingApp CRD, generated from the models)",
     )
     up.add_argument("--api-port", type=int, default=0, help="API server port (default: a free one)")
+    up.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="number of nodes, each a process kubelet on this machine: 'local', 'local-2', ... "
+        "(default: %(default)s)",
+    )
     _topic_arguments(up)
     up.set_defaults(handler=_run_up)
 
@@ -118,14 +141,10 @@ def _register_kubelet(parts: "Subparsers[argparse.ArgumentParser]") -> None:
     kubelet = parts.add_parser(
         "kubelet",
         help="run the process kubelet (pods as local processes) until SIGINT/SIGTERM",
-        description="Run the pods bound to one node (and bind unscheduled ones to it) as local "
-        "processes, and report their status, until SIGINT or SIGTERM.",
+        description="Run the pods bound to one node (and, unless --no-bind, bind unscheduled "
+        "ones to it) as local processes, and report their status, until SIGINT or SIGTERM.",
     )
-    kubelet.add_argument(
-        "--kubeconfig",
-        type=Path,
-        help="the cluster to serve (default: $KUBECONFIG, then ~/.kube/config)",
-    )
+    _kubeconfig_argument(kubelet)
     kubelet.add_argument("--node-name", default="local", help="node name (default: %(default)s)")
     kubelet.add_argument(
         "--root",
@@ -133,21 +152,38 @@ def _register_kubelet(parts: "Subparsers[argparse.ArgumentParser]") -> None:
         default=Path(".smoothscale/kubelet"),
         help="pod working directories and logs go here (default: %(default)s)",
     )
+    kubelet.add_argument(
+        "--no-bind",
+        dest="bind",
+        action="store_false",
+        help="leave pods without a node to a scheduler (`smoothscale dev scheduler`) instead of "
+        "binding them to this node",
+    )
     kubelet.set_defaults(handler=_run_kubelet)
+
+
+def _register_scheduler(parts: "Subparsers[argparse.ArgumentParser]") -> None:
+    scheduler = parts.add_parser(
+        "scheduler",
+        help="run the scheduler (binds pods to nodes) until SIGINT/SIGTERM",
+        description="Bind each pod without a node to a Ready, schedulable node that it "
+        "tolerates and whose labels match its nodeSelector, the one with the fewest pods; leave "
+        "it Pending with PodScheduled False and a FailedScheduling event when none fits; until "
+        "SIGINT or SIGTERM.",
+    )
+    _kubeconfig_argument(scheduler)
+    scheduler.set_defaults(handler=_run_scheduler)
 
 
 def _register_controllers(parts: "Subparsers[argparse.ArgumentParser]") -> None:
     controllers = parts.add_parser(
         "controllers",
-        help="run the Deployment and ReplicaSet controllers until SIGINT/SIGTERM",
+        help="run the Deployment, ReplicaSet and disruption controllers until SIGINT/SIGTERM",
         description="Run each Deployment's pods through a ReplicaSet per pod template (rolling "
-        "them when the template changes) and keep their status, until SIGINT or SIGTERM.",
+        "them when the template changes) and keep their status, and keep each "
+        "PodDisruptionBudget's status, until SIGINT or SIGTERM.",
     )
-    controllers.add_argument(
-        "--kubeconfig",
-        type=Path,
-        help="the cluster to serve (default: $KUBECONFIG, then ~/.kube/config)",
-    )
+    _kubeconfig_argument(controllers)
     controllers.set_defaults(handler=_run_controllers)
 
 
@@ -208,6 +244,8 @@ def _run_up(args: argparse.Namespace) -> int:
         return _fail("up", error)
     if args.brokers < 1:
         return _fail("up", f"--brokers must be at least 1, got {args.brokers}")
+    if args.nodes < 1:
+        return _fail("up", f"--nodes must be at least 1, got {args.nodes}")
     if args.crds is not None and not args.crds.is_dir():
         return _fail("up", f"--crds {args.crds}: no such directory")
     try:
@@ -217,6 +255,7 @@ def _run_up(args: argparse.Namespace) -> int:
             topics=topics,
             brokers=args.brokers,
             api_port=args.api_port,
+            nodes=args.nodes,
         )
     except StackError as error:
         return _fail("up", error)
@@ -226,8 +265,13 @@ def _run_up(args: argparse.Namespace) -> int:
     print(
         f"  (Kafka controls: {info.kafka_control}; topics: smoothscale dev topic NAME:PARTITIONS)"
     )
-    print("  kubelet     node 'local', pods run as local processes")
-    print("  controllers Deployments and ReplicaSets run their pods")
+    nodes = ", ".join(f"'{node}'" for node in info.nodes)
+    print(
+        f"  kubelets    {'nodes' if len(info.nodes) > 1 else 'node'} {nodes}: pods run as "
+        "local processes on this machine"
+    )
+    print("  scheduler   binds pods to nodes")
+    print("  controllers Deployments and ReplicaSets run their pods; PodDisruptionBudgets")
     print("Use it from this shell with:")
     print(info.exports())
     print("Stop it with: smoothscale dev down" + _state_dir_option(args))
@@ -272,12 +316,26 @@ def _run_apiserver(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_kubelet(args: argparse.Namespace) -> int:
+class _Client(Protocol):
+    """A part that runs as a client of the API on threads of its own."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def _run_client(
+    part: str,
+    kubeconfig: Path | None,
+    make: "Callable[[KubeApi], _Client]",
+    banner: str,
+    start_failure: str = "cannot start",
+) -> int:
+    """Run the kubelet, the scheduler or the controllers until SIGINT or SIGTERM."""
     import logging
     import signal
     import threading
 
-    from devstack.kubelet import Kubelet, KubeletConfig
     from smoothscale.kubeapi import KubeApi, KubeApiError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -285,50 +343,55 @@ def _run_kubelet(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     try:
-        api = KubeApi.from_kubeconfig(args.kubeconfig)
+        api = KubeApi.from_kubeconfig(kubeconfig)
     except Exception as error:  # the kubernetes package raises several kinds for a bad config
-        return _fail("kubelet", f"cannot load the kubeconfig: {error}")
-    kubelet = Kubelet(api, KubeletConfig(node_name=args.node_name, root=args.root.resolve()))
+        return _fail(part, f"cannot load the kubeconfig: {error}")
+    client = make(api)
     try:
-        kubelet.start()
+        client.start()
     except KubeApiError as error:
-        return _fail("kubelet", f"cannot register node {args.node_name}: {error}")
-    print(f"kubelet: serving node {args.node_name}, pods under {args.root}", flush=True)
+        api.close()
+        return _fail(part, f"{start_failure}: {error}")
+    print(banner, flush=True)
     try:
         while not stop.wait(0.5):
             pass
     finally:
-        kubelet.stop()
+        client.stop()
         api.close()
     return 0
+
+
+def _run_kubelet(args: argparse.Namespace) -> int:
+    from devstack.kubelet import Kubelet, KubeletConfig
+
+    config = KubeletConfig(
+        node_name=args.node_name, root=args.root.resolve(), bind_unscheduled=args.bind
+    )
+    return _run_client(
+        "kubelet",
+        args.kubeconfig,
+        lambda api: Kubelet(api, config),
+        f"kubelet: serving node {args.node_name}, pods under {args.root}",
+        start_failure=f"cannot register node {args.node_name}",
+    )
+
+
+def _run_scheduler(args: argparse.Namespace) -> int:
+    from devstack.scheduler import Scheduler
+
+    return _run_client("scheduler", args.kubeconfig, Scheduler, "scheduler: binding pods to nodes")
 
 
 def _run_controllers(args: argparse.Namespace) -> int:
-    import logging
-    import signal
-    import threading
-
     from devstack.controllers import ControllerManager
-    from smoothscale.kubeapi import KubeApi
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    try:
-        api = KubeApi.from_kubeconfig(args.kubeconfig)
-    except Exception as error:  # the kubernetes package raises several kinds for a bad config
-        return _fail("controllers", f"cannot load the kubeconfig: {error}")
-    manager = ControllerManager(api)
-    manager.start()
-    print("controllers: Deployments", flush=True)
-    try:
-        while not stop.wait(0.5):
-            pass
-    finally:
-        manager.stop()
-        api.close()
-    return 0
+    return _run_client(
+        "controllers",
+        args.kubeconfig,
+        ControllerManager,
+        "controllers: Deployments, ReplicaSets, PodDisruptionBudgets",
+    )
 
 
 def _run_kafka(args: argparse.Namespace) -> int:

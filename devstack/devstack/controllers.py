@@ -14,6 +14,13 @@ install needs. `smoothscale dev controllers` runs them as an ordinary client of 
 - ReplicaSets: each one's pods are created from its template (owned by it) or deleted (unready
   ones first) until they are spec.replicas, and its status counts them. Deleting a Deployment
   deletes its ReplicaSets and their pods (the API server's garbage collector).
+- PodDisruptionBudgets (the disruption controller): each budget's status counts the pods it
+  selects: expectedPods, desiredHealthy (minAvailable, or expectedPods - maxUnavailable; a
+  percentage or a maxUnavailable takes expectedPods from the pods' controllers' scale:
+  ReplicaSets, Deployments, or any controller with a scale subresource, a StreamingApp say),
+  currentHealthy (Ready, not being deleted, not evicted in the last two minutes),
+  disruptionsAllowed and the DisruptionAllowed condition, at the budget's observedGeneration:
+  what the API server's eviction subresource reads.
 
 The process kubelet then runs the pods like any other.
 """
@@ -25,10 +32,18 @@ import math
 import secrets
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from devstack.disruption import (
+    count_healthy,
+    is_ready,
+    recently_disrupted,
+    selector_matches,
+    with_disruption_allowed_condition,
+)
 from smoothscale.kubeapi import MERGE_PATCH, JsonObject, KubeApi, KubeApiError
 
 logger = logging.getLogger("devstack.controllers")
@@ -97,6 +112,9 @@ class Informer:
         with self._lock:
             return list(self._objects.values())
 
+    def by_uid(self, uid: str) -> JsonObject | None:
+        return next((obj for obj in self.objects() if obj["metadata"]["uid"] == uid), None)
+
     def remember(self, obj: JsonObject) -> None:
         with self._lock:
             key = _key(obj)
@@ -150,9 +168,17 @@ class Informer:
         return version
 
 
-def _ready(pod: JsonObject) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+def _sync_each(
+    objects: list[JsonObject], sync_one: Callable[[JsonObject], None], what: str
+) -> None:
+    """`sync_one` each object; an object gone or changed meanwhile (404, 409) waits for the next
+    pass, any other error is logged."""
+    for obj in objects:
+        try:
+            sync_one(obj)
+        except KubeApiError as error:
+            if error.status not in (404, 409):
+                logger.warning("%s %s/%s: %s", what, *_key(obj), error)
 
 
 def _controller_uid(obj: JsonObject, kind: str) -> str | None:
@@ -285,13 +311,13 @@ class DeploymentController:
         total = sum(_spec_replicas(rs) for rs in [current, *old_sets])
         room = max(0, wanted + surge - total)
         self._scale(current, min(wanted, _spec_replicas(current) + room))
-        new_ready = sum(1 for pod in self._pods_of(current) if _ready(pod))
+        new_ready = sum(1 for pod in self._pods_of(current) if is_ready(pod))
         old_pods = {rs["metadata"]["name"]: self._pods_of(rs) for rs in old_sets}
-        ready_now = new_ready + sum(_ready(pod) for pods in old_pods.values() for pod in pods)
+        ready_now = new_ready + sum(is_ready(pod) for pods in old_pods.values() for pod in pods)
         removable = max(0, ready_now - (wanted - unavailable))
         for replica_set in old_sets:
             pods = old_pods[replica_set["metadata"]["name"]]
-            unready = sum(1 for pod in pods if not _ready(pod))
+            unready = sum(1 for pod in pods if not is_ready(pod))
             take = min(len(pods) - unready, removable)
             removable -= take
             target = max(0, min(_spec_replicas(replica_set), len(pods)) - unready - take)
@@ -360,7 +386,7 @@ class DeploymentController:
         rollout = Rollout(
             replicas=len(live),
             updated=len(new_pods),
-            ready=sum(1 for pod in live if _ready(pod)),
+            ready=sum(1 for pod in live if is_ready(pod)),
             old=len(old_pods),
         )
         previous: JsonObject = deployment.get("status") or {}
@@ -479,14 +505,8 @@ class ReplicaSetController:
         self.pods = pods
 
     def sync(self) -> None:
-        for replica_set in self.replica_sets.objects():
-            if _terminating(replica_set):
-                continue
-            try:
-                self.sync_one(replica_set)
-            except KubeApiError as error:
-                if error.status not in (404, 409):
-                    logger.warning("replica set %s/%s: %s", *_key(replica_set), error)
+        live = [rs for rs in self.replica_sets.objects() if not _terminating(rs)]
+        _sync_each(live, self.sync_one, "replica set")
 
     def _live_pods(self, replica_set: JsonObject) -> list[JsonObject]:
         uid = replica_set["metadata"]["uid"]
@@ -501,10 +521,10 @@ class ReplicaSetController:
         live = self._live_pods(replica_set)
         for _ in range(wanted - len(live)):
             self._create_pod(replica_set)
-        for pod in sorted(live, key=_ready)[: max(0, len(live) - wanted)]:
+        for pod in sorted(live, key=is_ready)[: max(0, len(live) - wanted)]:
             self._delete(pod)
         live = self._live_pods(replica_set)
-        ready = sum(1 for pod in live if _ready(pod))
+        ready = sum(1 for pod in live if is_ready(pod))
         status = {
             "replicas": len(live),
             "fullyLabeledReplicas": len(live),
@@ -561,54 +581,243 @@ class ReplicaSetController:
         logger.info("deleted pod %s/%s", namespace, name)
 
 
-class ControllerManager:
-    """The controllers, each pass over everything; a pass runs after any change (at most
-    every 0.1 s) and every `resync_seconds` (progress deadlines)."""
+class ExpectedCountError(Exception):
+    """The pods' controllers cannot say how many pods there should be."""
 
-    def __init__(self, api: KubeApi, resync_seconds: float = 5.0) -> None:
+
+def _controller_reference(obj: JsonObject) -> JsonObject | None:
+    references = obj["metadata"].get("ownerReferences") or []
+    return next((reference for reference in references if reference.get("controller")), None)
+
+
+class DisruptionController:
+    """Keeps each PodDisruptionBudget's status, as kube-controller-manager's disruption
+    controller does (pkg/controller/disruption); see the module docstring."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        budgets: Informer,
+        pods: Informer,
+        replica_sets: Informer,
+        deployments: Informer,
+    ) -> None:
         self.api = api
+        self.budgets = budgets
+        self.pods = pods
+        self.replica_sets = replica_sets
+        self.deployments = deployments
+        self._scale_paths: dict[tuple[str, str], str] = {}
+        """(apiVersion, kind) -> the collection path of a controller kind with a scale."""
+
+    def sync(self) -> None:
+        _sync_each(self.budgets.objects(), self.sync_one, "pod disruption budget")
+
+    def _pods_of(self, budget: JsonObject) -> list[JsonObject]:
+        """The pods of its namespace its selector selects (no selector: none; {}: all)."""
+        selector = (budget.get("spec") or {}).get("selector")
+        if selector is None:
+            return []
+        namespace = budget["metadata"]["namespace"]
+        return [
+            pod
+            for pod in self.pods.objects()
+            if pod["metadata"].get("namespace") == namespace
+            and selector_matches(selector, pod["metadata"].get("labels") or {})
+        ]
+
+    def sync_one(self, budget: JsonObject) -> None:
+        now = datetime.now(UTC)
+        pods = self._pods_of(budget)
+        previous: JsonObject = budget.get("status") or {}
+        try:
+            expected, desired = self._expected_and_desired(budget, pods)
+        except ExpectedCountError as error:
+            failed = with_disruption_allowed_condition(
+                {**previous, "disruptionsAllowed": 0}, now, failure=str(error)
+            )
+            self._write(budget, failed)
+            return
+        noted = previous.get("disruptedPods") or {}
+        disrupted = {
+            pod["metadata"]["name"]: noted[pod["metadata"]["name"]]
+            for pod in pods
+            if "deletionTimestamp" not in pod["metadata"]
+            and recently_disrupted(noted, pod["metadata"]["name"], now)
+        }
+        healthy = count_healthy(pods, disrupted, now)
+        allowed = healthy - desired if expected > 0 else 0
+        status: JsonObject = {
+            "observedGeneration": budget["metadata"].get("generation", 1),
+            "expectedPods": expected,
+            "desiredHealthy": desired,
+            "currentHealthy": healthy,
+            "disruptionsAllowed": max(allowed, 0),
+            "conditions": previous.get("conditions") or [],
+        }
+        if disrupted:
+            status["disruptedPods"] = disrupted
+        self._write(budget, with_disruption_allowed_condition(status, now))
+
+    def _write(self, budget: JsonObject, status: JsonObject) -> None:
+        if status == (budget.get("status") or {}):
+            return
+        namespace, name = _key(budget)
+        path = f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/{name}/status"
+        # The whole status, as an update: keys that went (disruptedPods) must go.
+        body = {**budget, "status": status}
+        self.budgets.remember(self.api.request("PUT", path, body=body))
+
+    def _expected_and_desired(self, budget: JsonObject, pods: list[JsonObject]) -> tuple[int, int]:
+        """(expectedPods, desiredHealthy): minAvailable N counts the selected pods; a
+        percentage or maxUnavailable asks their controllers' scale."""
+        spec = budget.get("spec") or {}
+        max_unavailable, min_available = spec.get("maxUnavailable"), spec.get("minAvailable")
+        if max_unavailable is not None:
+            expected = self._expected_scale(pods)
+            unavailable = resolve_count(max_unavailable, expected, round_up=True)
+            return expected, max(expected - unavailable, 0)
+        if isinstance(min_available, int):
+            return len(pods), min_available
+        if min_available is not None:
+            expected = self._expected_scale(pods)
+            return expected, resolve_count(min_available, expected, round_up=True)
+        return 0, 0
+
+    def _expected_scale(self, pods: list[JsonObject]) -> int:
+        """The sum of the scale of the pods' controllers (pods without one are left out)."""
+        scales: dict[str, int] = {}
+        for pod in pods:
+            reference = _controller_reference(pod)
+            if reference is None or reference.get("uid") in scales:
+                continue
+            found = self._scale_of(reference, pod["metadata"]["namespace"])
+            if found is None:
+                name = pod["metadata"]["name"]
+                raise ExpectedCountError(f'found no controllers for pod "{name}"')
+            uid, replicas = found
+            scales[uid] = replicas
+        return sum(scales.values())
+
+    def _scale_of(self, reference: JsonObject, namespace: str) -> tuple[str, int] | None:
+        """(uid, replicas) of a pod's controller: a ReplicaSet (or the Deployment that owns
+        it), else whatever kind it is through its scale subresource."""
+        if reference.get("kind") == "ReplicaSet" and reference.get("apiVersion") == "apps/v1":
+            replica_set = self.replica_sets.by_uid(reference["uid"])
+            if replica_set is None:
+                return None
+            owner = _controller_reference(replica_set)
+            if owner is not None and owner.get("kind") == "Deployment":
+                deployment = self.deployments.by_uid(owner["uid"])
+                if deployment is None:
+                    return None
+                return str(owner["uid"]), int(deployment["spec"].get("replicas", 1))
+            return str(reference["uid"]), _spec_replicas(replica_set)
+        collection = self._scale_collection(reference)
+        try:
+            scale = self.api.request(
+                "GET", f"{collection.format(namespace=namespace)}/{reference['name']}/scale"
+            )
+        except KubeApiError as error:
+            if error.status == 404:
+                return None
+            raise
+        if scale["metadata"].get("uid") != reference.get("uid"):
+            return None
+        return str(reference["uid"]), int((scale.get("spec") or {}).get("replicas", 0))
+
+    def _scale_collection(self, reference: JsonObject) -> str:
+        """The collection path of the controller's kind, found through discovery, as the
+        disruption controller's RESTMapper does; the kind must serve a scale subresource."""
+        api_version, kind = str(reference.get("apiVersion", "")), str(reference.get("kind", ""))
+        known = self._scale_paths.get((api_version, kind))
+        if known is not None:
+            return known
+        root = f"/apis/{api_version}" if "/" in api_version else f"/api/{api_version}"
+        try:
+            resources = self.api.request("GET", root).get("resources") or []
+        except KubeApiError as error:
+            raise ExpectedCountError(f"{api_version} {kind}: {error}") from error
+        plural = next(
+            (r["name"] for r in resources if r.get("kind") == kind and "/" not in r["name"]), None
+        )
+        if plural is None:
+            raise ExpectedCountError(f'no resource of kind "{kind}" in {api_version}')
+        if not any(r["name"] == f"{plural}/scale" for r in resources):
+            group = api_version.rpartition("/")[0]
+            resource = f"{plural}.{group}" if group else plural
+            raise ExpectedCountError(f"{resource} does not implement the scale subresource")
+        collection = f"{root}/namespaces/{{namespace}}/{plural}"
+        self._scale_paths[(api_version, kind)] = collection
+        return collection
+
+
+class InformerLoop(ABC):
+    """Informers (list + watch caches, each on a thread of its own) and `sync_all` over them,
+    on a thread of its own: after any change they see (at most every 0.1 s) and every
+    `resync_seconds`, once all of them have listed."""
+
+    def __init__(self, api: KubeApi, name: str, resync_seconds: float) -> None:
+        self.api = api
+        self.name = name
         self.resync_seconds = resync_seconds
         self._stopping = threading.Event()
         self._wake = threading.Event()
-        self.deployments = self._informer("/apis/apps/v1/deployments")
-        self.replica_sets = self._informer("/apis/apps/v1/replicasets")
-        self.pods = self._informer("/api/v1/pods")
-        self.deployment_controller = DeploymentController(
-            api, self.deployments, self.replica_sets, self.pods
-        )
-        self.replica_set_controller = ReplicaSetController(api, self.replica_sets, self.pods)
-        self._threads = [
-            threading.Thread(target=i.run, name=f"controllers-watch-{n}", daemon=True)
-            for n, i in (
-                ("deployments", self.deployments),
-                ("replicasets", self.replica_sets),
-                ("pods", self.pods),
-            )
-        ]
-        self._threads.append(threading.Thread(target=self._loop, name="controllers", daemon=True))
+        self._informers: list[Informer] = []
+        self._loop_thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
     def _informer(self, path: str) -> Informer:
-        return Informer(self.api, path, self._wake.set, self._stopping)
+        informer = Informer(self.api, path, self._wake.set, self._stopping)
+        self._informers.append(informer)
+        return informer
+
+    @abstractmethod
+    def sync_all(self) -> None:
+        """One pass over what the informers hold."""
 
     def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
+        for informer in self._informers:
+            name = f"{self.name}-watch-{informer.path.rpartition('/')[2]}"
+            threading.Thread(target=informer.run, name=name, daemon=True).start()
+        self._loop_thread.start()
 
     def stop(self) -> None:
         self._stopping.set()
         self._wake.set()
-        self._threads[-1].join(timeout=10)
+        self._loop_thread.join(timeout=10)
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
             self._wake.wait(self.resync_seconds)
             self._wake.clear()
-            informers = (self.deployments, self.replica_sets, self.pods)
-            if not all(informer.synced.is_set() for informer in informers):
+            if not all(informer.synced.is_set() for informer in self._informers):
                 continue
-            for controller in (self.deployment_controller, self.replica_set_controller):
-                try:
-                    controller.sync()
-                except Exception:
-                    logger.exception("%s failed", type(controller).__name__)
+            try:
+                self.sync_all()
+            except Exception:
+                logger.exception("%s failed", self.name)
             self._stopping.wait(0.1)
+
+
+class ControllerManager(InformerLoop):
+    """The controllers, each pass over everything; a pass runs after any change (at most
+    every 0.1 s) and every `resync_seconds` (progress deadlines, evictions to forget)."""
+
+    def __init__(self, api: KubeApi, resync_seconds: float = 5.0) -> None:
+        super().__init__(api, "controllers", resync_seconds)
+        self.deployments = self._informer("/apis/apps/v1/deployments")
+        self.replica_sets = self._informer("/apis/apps/v1/replicasets")
+        self.pods = self._informer("/api/v1/pods")
+        self.budgets = self._informer("/apis/policy/v1/poddisruptionbudgets")
+        self.controllers = (
+            DeploymentController(api, self.deployments, self.replica_sets, self.pods),
+            ReplicaSetController(api, self.replica_sets, self.pods),
+            DisruptionController(api, self.budgets, self.pods, self.replica_sets, self.deployments),
+        )
+
+    def sync_all(self) -> None:
+        for controller in self.controllers:
+            try:
+                controller.sync()
+            except Exception:
+                logger.exception("%s failed", type(controller).__name__)

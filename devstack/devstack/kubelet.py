@@ -1,8 +1,9 @@
 """The process kubelet: runs the pods of one node as local processes.
 
 It is an ordinary client of the Kubernetes API. It registers its Node, watches every pod, binds
-unscheduled pods to its node (it is the whole scheduler of a one-node cluster), runs the pods
-bound to its node with the ProcessRunner, reports their status through pods/status, and on a
+unscheduled pods to its node unless a scheduler places them (`smoothscale dev scheduler`; alone,
+the kubelet is the whole scheduler of a one-node cluster), runs the pods bound to its node with
+the ProcessRunner, reports their status through pods/status, and on a
 graceful delete stops the processes (SIGTERM, the grace period, SIGKILL) before it finishes
 the delete with a grace period of 0, as a real kubelet does.
 
@@ -99,15 +100,18 @@ class PodSyncer:
         stop_in_background: Callable[[str, float, Stopped], None] | None = None,
         base_env: Mapping[str, str] | None = None,
         api_server: str | None = None,
+        bind_unscheduled: bool = True,
     ) -> None:
         """`api_server`: the URL pods reach the API at with their ServiceAccount's token (None:
-        pods get no token)."""
+        pods get no token). `bind_unscheduled`: bind pods without a node to this one (False
+        when a scheduler does)."""
         self.api = api
         self._api_server = api_server
         self.runner = runner
         self.node_name = node_name
         self._stop_in_background = stop_in_background or self._stop_now
         self._base_env = base_env
+        self._bind_unscheduled = bind_unscheduled
         self._records: dict[str, _PodRecord] = {}
         self._uid_by_key: dict[str, str] = {}
         self._sources = ValueSources(self._config_map_value, self._secret_value)
@@ -121,7 +125,7 @@ class PodSyncer:
         if node and node != self.node_name:
             return
         if not node:
-            if "deletionTimestamp" not in meta:
+            if self._bind_unscheduled and "deletionTimestamp" not in meta:
                 self._bind(pod)
             return
         uid = meta["uid"]
@@ -396,6 +400,8 @@ class KubeletConfig:
     watch_timeout_seconds: int = 30
     shutdown_grace_seconds: float = 10.0
     """On shutdown, each pod gets its grace period, but no more than this."""
+    bind_unscheduled: bool = True
+    """Bind pods that have no node to this one; False when a scheduler places them."""
 
 
 class Kubelet:
@@ -417,6 +423,7 @@ class Kubelet:
             self.config.node_name,
             stop_in_background=self._stop_in_background,
             api_server=api.server,
+            bind_unscheduled=self.config.bind_unscheduled,
         )
         self._threads = [
             threading.Thread(target=self._watch_pods, name="kubelet-watch", daemon=True),

@@ -84,13 +84,18 @@ def waiting_status(spec: JsonObject, reason: str, message: str) -> JsonObject:
     }
 
 
+_KUBELET_CONDITIONS = ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+
+
 def _conditions(
     previous: Sequence[JsonObject], values: dict[str, bool], now: str
 ) -> list[JsonObject]:
-    """Conditions in the usual order; lastTransitionTime moves only when the status flips."""
+    """The kubelet's conditions in the usual order, then those others wrote (DisruptionTarget
+    from an eviction, say), kept as they are; lastTransitionTime moves only when the status
+    flips."""
     before = {condition.get("type"): condition for condition in previous}
     conditions = []
-    for kind in ("PodScheduled", "Initialized", "ContainersReady", "Ready"):
+    for kind in _KUBELET_CONDITIONS:
         status = "True" if values[kind] else "False"
         old = before.get(kind) or {}
         unchanged = old.get("status") == status
@@ -102,6 +107,7 @@ def _conditions(
                 "lastTransitionTime": old.get("lastTransitionTime", now) if unchanged else now,
             }
         )
+    conditions += [c for c in previous if c.get("type") not in _KUBELET_CONDITIONS]
     return conditions
 
 

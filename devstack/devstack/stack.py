@@ -1,14 +1,16 @@
-"""The whole local control plane: API server, controllers, process kubelet and embedded Kafka,
-each in its own process (`smoothscale dev apiserver|controllers|kubelet|kafka`), as `smoothscale
-dev up` starts them.
+"""The whole local control plane: API server, scheduler, controllers, a process kubelet per
+node and embedded Kafka, each in its own process (`smoothscale dev
+apiserver|scheduler|controllers|kubelet|kafka`), as `smoothscale dev up` starts them.
 
 Everything lives in a state directory: each part's log, `state.json` (pids and addresses, what
 `dev down` reads), the kubeconfig, the API server's audit log (what ServiceAccounts asked for)
-and the kubelet's pod directories. LocalStack is a context
-manager for tests; `up` leaves the processes running and `down` stops them, from any process.
+and the kubelets' pod directories (one directory for all nodes: a pod's is named by its uid).
+LocalStack is a context manager for tests; `up` leaves the processes running and `down` stops
+them, from any process.
 """
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -34,9 +36,22 @@ T = TypeVar("T")
 
 STATE_FILE = "state.json"
 AUDIT_LOG = "audit.log"
-PARTS = ("controllers", "kubelet", "kafka", "apiserver")
 KUBELET_ROOT = "kubelet"
-"""In the order `down` stops them: the API server last, so the others can still reach it."""
+KUBELET = "kubelet"
+"""The first node's kubelet part; the others' are "kubelet-NODE"."""
+STOP_ORDER = ("controllers", "scheduler", KUBELET, "kafka", "apiserver")
+"""Every kind of part, in the order `down` stops them (every kubelet at once): the API server
+last, so the others can still reach it."""
+
+
+def node_names(first: str, nodes: int) -> list[str]:
+    """The nodes' names, as kind names its workers: "local", "local-2", "local-3", ..."""
+    return [first] + [f"{first}-{number}" for number in range(2, nodes + 1)]
+
+
+def kubelet_part(node: str, first: str) -> str:
+    """The name of the node's kubelet part (and of its log): "kubelet", "kubelet-local-2", ..."""
+    return KUBELET if node == first else f"{KUBELET}-{node}"
 
 
 class StackError(RuntimeError):
@@ -53,6 +68,8 @@ class StackInfo:
     kafka_bootstrap: str
     kafka_control: str
     """URL of the embedded Kafka's controls (devstack.kafka.control.KafkaControl)."""
+    nodes: tuple[str, ...] = ("local",)
+    """The Nodes, each served by a process kubelet of its own (all on this machine)."""
 
     @property
     def audit_log(self) -> Path:
@@ -127,34 +144,43 @@ def _write_state(state_dir: Path, state: dict[str, Any]) -> None:
     temporary.replace(state_dir / STATE_FILE)
 
 
+def _parts(state: dict[str, Any]) -> list[str]:
+    """The parts recorded in a state, in the order `down` stops them."""
+    recorded = [part for part, entry in state.items() if isinstance(entry, dict) and "pid" in entry]
+    return sorted(recorded, key=lambda part: STOP_ORDER.index(part.partition("-")[0]))
+
+
 def down(state_dir: Path, timeout: float = 15.0) -> list[str]:
-    """Stop every part recorded in `state_dir` (SIGTERM, then SIGKILL after `timeout`); returns
-    the parts that were running. Calling it when nothing runs does nothing."""
+    """Stop every part recorded in `state_dir` (SIGTERM, then SIGKILL after `timeout`; the
+    kubelets together); returns the parts that were running. Calling it when nothing runs does
+    nothing."""
     state = read_state(state_dir)
-    stopped = []
-    for part in PARTS:
-        entry = state.get(part)
-        if not entry or not _is_our_process(int(entry["pid"])):
-            continue
-        pid = int(entry["pid"])
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if _alive(pid):
+    stopped: list[str] = []
+    for group in STOP_ORDER:
+        parts = [part for part in _parts(state) if part.partition("-")[0] == group]
+        pids = {part: int(state[part]["pid"]) for part in parts}
+        pids = {part: pid for part, pid in pids.items() if _is_our_process(pid)}
+        for pid in pids.values():
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-        stopped.append(part)
+                os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while any(_alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for pid in pids.values():
+            if _alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+        stopped += pids
     (state_dir / STATE_FILE).unlink(missing_ok=True)
     return stopped
 
 
 class LocalStack:
-    """Starts the four parts as processes and stops them again (a context manager).
+    """Starts the parts as processes and stops them again (a context manager).
 
     It installs smoothscale's own CRD, generated from the models (so always current), or the
-    CRDs in the YAML files of `crd_dir` instead.
+    CRDs in the YAML files of `crd_dir` instead. `nodes` Nodes ("local", "local-2", ...) each
+    get a process kubelet; the scheduler places the pods on them.
     """
 
     def __init__(
@@ -166,6 +192,7 @@ class LocalStack:
         brokers: int = 3,
         api_port: int = 0,
         node_name: str = "local",
+        nodes: int = 1,
         startup_timeout: float = 60.0,
     ) -> None:
         self.state_dir = state_dir.resolve()
@@ -174,15 +201,19 @@ class LocalStack:
         self.brokers = brokers
         self.api_port = api_port
         self.node_name = node_name
+        self.nodes = node_names(node_name, nodes)
         self.startup_timeout = startup_timeout
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         self.info: StackInfo | None = None
 
-    def _spawn(self, part: str, arguments: Sequence[str]) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, part: str, arguments: Sequence[str], command: str | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start `smoothscale dev COMMAND` (COMMAND: the part's name unless given) as `part`."""
         log = self.state_dir / f"{part}.log"
         with log.open("ab") as output:
             process = subprocess.Popen(
-                [sys.executable, "-m", "smoothscale.cli", "dev", part, *arguments],
+                [sys.executable, "-m", "smoothscale.cli", "dev", command or part, *arguments],
                 stdin=subprocess.DEVNULL,
                 stdout=output,
                 stderr=subprocess.STDOUT,
@@ -218,7 +249,8 @@ class LocalStack:
 
     def start(self) -> StackInfo:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        if any(_is_our_process(int(e["pid"])) for e in read_state(self.state_dir).values()):
+        state = read_state(self.state_dir)
+        if any(_is_our_process(int(state[part]["pid"])) for part in _parts(state)):
             raise StackError(
                 f"a local control plane already runs from {self.state_dir}: stop it with "
                 f"`smoothscale dev down --state-dir {self.state_dir}` or use another --state-dir"
@@ -254,29 +286,41 @@ class LocalStack:
                 install_crds(api, [("smoothscale", custom_resource_definition())])
             else:
                 install_crds(api, crd_documents(self.crd_dir))
-            self._spawn(
-                "kubelet",
-                [
-                    "--kubeconfig",
-                    str(kubeconfig),
-                    "--node-name",
-                    self.node_name,
-                    "--root",
-                    str(self.state_dir / KUBELET_ROOT),
-                ],
-            )
+            for node in self.nodes:
+                self._spawn(
+                    kubelet_part(node, self.node_name),
+                    [
+                        "--kubeconfig",
+                        str(kubeconfig),
+                        "--node-name",
+                        node,
+                        "--root",
+                        str(self.state_dir / KUBELET_ROOT),
+                        "--no-bind",
+                    ],
+                    command=KUBELET,
+                )
+            self._spawn("scheduler", ["--kubeconfig", str(kubeconfig)])
             self._spawn("controllers", ["--kubeconfig", str(kubeconfig)])
-            self._wait("kubelet", lambda: _node_ready(api, self.node_name), "Ready node")
+            for node in self.nodes:
+                self._wait(
+                    kubelet_part(node, self.node_name),
+                    functools.partial(_node_ready, api, node),
+                    f"Ready node {node}",
+                )
         finally:
             api.close()
         kafka = self._wait("kafka", lambda: _kafka_ready(kafka_ready), "bootstrap servers")
         bootstrap, control = str(kafka["bootstrap_servers"]), str(kafka["control_url"])
-        self.info = StackInfo(self.state_dir, kubeconfig, api_url, bootstrap, control)
+        self.info = StackInfo(
+            self.state_dir, kubeconfig, api_url, bootstrap, control, tuple(self.nodes)
+        )
         state = read_state(self.state_dir)
         state["apiserver"]["url"] = api_url
         state["kafka"]["bootstrap_servers"] = bootstrap
         state["kafka"]["control_url"] = control
         state["kubeconfig"] = str(kubeconfig)
+        state["nodes"] = self.nodes
         _write_state(self.state_dir, state)
         return self.info
 
@@ -381,8 +425,10 @@ def up(state_dir: Path, **options: Any) -> StackInfo:
 def info_of(state_dir: Path) -> StackInfo | None:
     """The running control plane recorded in `state_dir`, if it still runs."""
     state = read_state(state_dir)
-    parts = [state.get(part) for part in PARTS]
-    if not all(parts) or not all(_is_our_process(int(p["pid"])) for p in parts if p):
+    parts = _parts(state)
+    if not set(STOP_ORDER) <= set(parts) or "kubeconfig" not in state:
+        return None
+    if not all(_is_our_process(int(state[part]["pid"])) for part in parts):
         return None
     return StackInfo(
         state_dir,
@@ -390,4 +436,5 @@ def info_of(state_dir: Path) -> StackInfo | None:
         state["apiserver"]["url"],
         state["kafka"]["bootstrap_servers"],
         state["kafka"]["control_url"],
+        tuple(state.get("nodes") or ()),
     )

@@ -52,7 +52,7 @@ def test_dev_up_serves_kubectl_and_dev_down_stops_everything(tmp_path: Path) -> 
             for entry in json.loads((state_dir / "state.json").read_text()).values()
             if isinstance(entry, dict)
         ]
-        assert len(pids) == 4
+        assert len(pids) == 5  # API server, Kafka, kubelet, scheduler, controllers
 
         kubectl = [kubectl_binary(), "--kubeconfig", exports["KUBECONFIG"]]
         pods = subprocess.run(
@@ -83,7 +83,7 @@ def test_dev_up_serves_kubectl_and_dev_down_stops_everything(tmp_path: Path) -> 
     finally:
         down = smoothscale("dev", "down", "--state-dir", str(state_dir), cwd=tmp_path)
     assert down.returncode == 0
-    assert "stopped: controllers, kubelet, kafka, apiserver" in down.stdout
+    assert "stopped: controllers, scheduler, kubelet, kafka, apiserver" in down.stdout
     for pid in pids:
         assert (
             not Path(f"/proc/{pid}").exists()

@@ -13,6 +13,7 @@ from typing import Any
 from devstack.apiserver.errors import ApiError, JsonObject, invalid
 from devstack.apiserver.registry import (
     CRD_GROUP,
+    POLICY_GROUP,
     RBAC_GROUP,
     ResourceType,
     crd_problems,
@@ -230,6 +231,84 @@ def _rbac(rt: ResourceType, obj: JsonObject) -> Causes:
     return causes
 
 
+_PERCENT = re.compile(r"^[0-9]+%$")
+_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+
+
+def _int_or_percent(value: Any, path: str) -> Causes:
+    """A minAvailable or maxUnavailable: a non-negative integer or a percentage up to 100%."""
+    if isinstance(value, str):
+        if not _PERCENT.match(value):
+            return [
+                (
+                    "FieldValueInvalid",
+                    path,
+                    f"Invalid value: {json.dumps(value)}: must be an integer or percentage "
+                    "(e.g '5%')",
+                )
+            ]
+        if int(value[:-1]) > 100:
+            return [
+                (
+                    "FieldValueInvalid",
+                    path,
+                    f"Invalid value: {json.dumps(value)}: must not be greater than 100%",
+                )
+            ]
+        return []
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        return [
+            (
+                "FieldValueInvalid",
+                path,
+                f"Invalid value: {json.dumps(value)}: must be greater than or equal to 0",
+            )
+        ]
+    return []
+
+
+def _pod_disruption_budget(obj: JsonObject) -> Causes:
+    """policy/v1 PodDisruptionBudget: minAvailable or maxUnavailable (not both), a valid
+    selector and unhealthyPodEvictionPolicy."""
+    spec = obj.get("spec") or {}
+    causes: Causes = []
+    if spec.get("minAvailable") is not None and spec.get("maxUnavailable") is not None:
+        causes.append(
+            (
+                "FieldValueInvalid",
+                "spec",
+                f"Invalid value: {json.dumps(spec)}: minAvailable and maxUnavailable cannot be "
+                "both set",
+            )
+        )
+    for field in ("minAvailable", "maxUnavailable"):
+        if spec.get(field) is not None:
+            causes += _int_or_percent(spec[field], f"spec.{field}")
+    expressions = (spec.get("selector") or {}).get("matchExpressions") or []
+    for index, expression in enumerate(expressions):
+        if expression.get("operator") not in _SELECTOR_OPERATORS:
+            shown = json.dumps(expression.get("operator"))
+            causes.append(
+                (
+                    "FieldValueNotSupported",
+                    f"spec.selector.matchExpressions[{index}].operator",
+                    f"Unsupported value: {shown}: supported values: "
+                    + ", ".join(f'"{op}"' for op in _SELECTOR_OPERATORS),
+                )
+            )
+    policy = spec.get("unhealthyPodEvictionPolicy")
+    if policy is not None and policy not in ("AlwaysAllow", "IfHealthyBudget"):
+        causes.append(
+            (
+                "FieldValueNotSupported",
+                "spec.unhealthyPodEvictionPolicy",
+                f'Unsupported value: {json.dumps(policy)}: supported values: "AlwaysAllow", '
+                '"IfHealthyBudget"',
+            )
+        )
+    return causes
+
+
 def admit_update(rt: ResourceType, current: JsonObject, obj: JsonObject) -> None:
     """What may not change in an update: a binding's roleRef."""
     binding = rt.group == RBAC_GROUP and rt.plural.endswith("bindings")
@@ -250,8 +329,8 @@ def admit_update(rt: ResourceType, current: JsonObject, obj: JsonObject) -> None
 
 
 def admit_builtin(rt: ResourceType, obj: JsonObject) -> JsonObject:
-    """The checks of the built-in kinds (object names, pods' containers, Deployments, RBAC, a
-    CRD's names) and their defaults."""
+    """The checks of the built-in kinds (object names, pods' containers, Deployments, RBAC,
+    PodDisruptionBudgets, a CRD's names) and their defaults."""
     meta = obj.get("metadata", {})
     name = meta.get("name", "")
     causes: Causes = []
@@ -272,6 +351,8 @@ def admit_builtin(rt: ResourceType, obj: JsonObject) -> JsonObject:
         _service(obj)
     if rt.group == RBAC_GROUP:
         causes += _rbac(rt, obj)
+    if rt.key == (POLICY_GROUP, "poddisruptionbudgets"):
+        causes += _pod_disruption_budget(obj)
     if rt.key == (CRD_GROUP, "customresourcedefinitions"):
         causes.extend(("FieldValueInvalid", field, message) for field, message in crd_problems(obj))
     if causes:
@@ -282,6 +363,10 @@ def admit_builtin(rt: ResourceType, obj: JsonObject) -> JsonObject:
         obj.setdefault("status", {}).setdefault("phase", "Pending")
     if rt.key == ("", "namespaces"):
         obj.setdefault("status", {}).setdefault("phase", "Active")
+    if rt.key == (POLICY_GROUP, "poddisruptionbudgets"):
+        status = obj.setdefault("status", {})
+        for count in ("currentHealthy", "desiredHealthy", "disruptionsAllowed", "expectedPods"):
+            status.setdefault(count, 0)  # required fields: 0 until the controller counts
     return obj
 
 

@@ -75,6 +75,17 @@ def _resource_entries(rt: ResourceType) -> list[JsonObject]:
                 "verbs": ["create"],
             }
         )
+        entries.append(  # kubectl drain evicts (policy/v1) only when this entry is there
+            {
+                "name": "pods/eviction",
+                "singularName": "",
+                "namespaced": True,
+                "group": "policy",
+                "version": "v1",
+                "kind": "Eviction",
+                "verbs": ["create"],
+            }
+        )
     if rt.key == ("", "serviceaccounts"):
         entries.append(
             {

@@ -11,13 +11,22 @@ class ApiError(Exception):
     """A request the API server refuses; `status()` is the body it answers with."""
 
     def __init__(
-        self, code: int, reason: str, message: str, details: JsonObject | None = None
+        self,
+        code: int,
+        reason: str,
+        message: str,
+        details: JsonObject | None = None,
+        *,
+        retry_after_seconds: int = 0,
     ) -> None:
+        """`retry_after_seconds` > 0 goes into details and the Retry-After header (client-go
+        then retries by itself)."""
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.message = message
         self.details = details
+        self.retry_after_seconds = retry_after_seconds
 
     def status(self) -> JsonObject:
         body: JsonObject = {
@@ -29,9 +38,18 @@ class ApiError(Exception):
             "reason": self.reason,
             "code": self.code,
         }
-        if self.details is not None:
-            body["details"] = self.details
+        details = dict(self.details or {})
+        if self.retry_after_seconds > 0:
+            details["retryAfterSeconds"] = self.retry_after_seconds
+        if self.details is not None or details:
+            body["details"] = details
         return body
+
+    def headers(self) -> dict[str, str]:
+        """Retry-After, when the client should wait before trying again."""
+        if self.retry_after_seconds > 0:
+            return {"Retry-After": str(self.retry_after_seconds)}
+        return {}
 
 
 def _details(resource: str, name: str) -> JsonObject:

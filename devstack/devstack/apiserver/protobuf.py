@@ -1,10 +1,10 @@
 """Decoding of the Kubernetes protobuf bodies that kubectl's typed commands send.
 
-`kubectl create namespace|configmap|secret|serviceaccount|token` encode the new object (or the
-TokenRequest) as protobuf (application/vnd.kubernetes.protobuf) whatever the server prefers, and
-helm sends DeleteOptions that way. This reads exactly those
-kinds, from the field numbers of k8s.io/api's generated.proto; any other protobuf body is a
-415 that says to send JSON (kubectl create -f / apply -f do).
+`kubectl create namespace|configmap|secret|serviceaccount|token|poddisruptionbudget` encode the
+new object (or the TokenRequest) as protobuf (application/vnd.kubernetes.protobuf) whatever the
+server prefers, helm sends DeleteOptions that way, and `kubectl drain` its Evictions. This reads
+exactly those kinds, from the field numbers of k8s.io/api's generated.proto; any other protobuf
+body is a 415 that says to send JSON (kubectl create -f / apply -f do).
 """
 
 from __future__ import annotations
@@ -166,6 +166,54 @@ def _delete_options(fields: Fields) -> JsonObject:
     return options
 
 
+def _int_or_string(data: bytes) -> int | str:
+    """An IntOrString: type 0 (an int32 in field 2) or 1 (a string in field 3)."""
+    fields = _fields(data)
+    kind = [value for field, value in fields if field == 1 and isinstance(value, int)]
+    if kind and kind[-1] == 1:
+        return _string(fields, 3) or ""
+    numbers = [value for field, value in fields if field == 2 and isinstance(value, int)]
+    return numbers[-1] if numbers else 0
+
+
+def _label_selector(data: bytes) -> JsonObject:
+    fields = _fields(data)
+    selector: JsonObject = {}
+    if (labels := _map(fields, 1)) is not None:
+        selector["matchLabels"] = labels
+    expressions = []
+    for requirement in _bytes_of(fields, 2):
+        parts = _fields(requirement)
+        expression: JsonObject = {"key": _string(parts, 1) or "", "operator": _string(parts, 2)}
+        values = [value.decode() for value in _bytes_of(parts, 3)]
+        if values:
+            expression["values"] = values
+        expressions.append(expression)
+    if expressions:
+        selector["matchExpressions"] = expressions
+    return selector
+
+
+def _pod_disruption_budget(fields: Fields) -> JsonObject:
+    """What `kubectl create poddisruptionbudget` sends: the spec (the status is the server's)."""
+    spec: JsonObject = {}
+    for data in _bytes_of(fields, 2):
+        spec_fields = _fields(data)
+        for number, name in ((1, "minAvailable"), (3, "maxUnavailable")):
+            for value in _bytes_of(spec_fields, number):
+                spec[name] = _int_or_string(value)
+        for selector in _bytes_of(spec_fields, 2):
+            spec["selector"] = _label_selector(selector)
+        if policy := _string(spec_fields, 4):
+            spec["unhealthyPodEvictionPolicy"] = policy
+    return {"spec": spec}
+
+
+def _eviction(fields: Fields) -> JsonObject:
+    options = [_delete_options(_fields(data)) for data in _bytes_of(fields, 2)]
+    return {"deleteOptions": options[-1]} if options else {}
+
+
 _KINDS: dict[str, Callable[[Fields], JsonObject]] = {
     "Namespace": _namespace,
     "ConfigMap": _config_map,
@@ -173,12 +221,14 @@ _KINDS: dict[str, Callable[[Fields], JsonObject]] = {
     "ServiceAccount": _service_account,
     "TokenRequest": _token_request,
     "DeleteOptions": _delete_options,
+    "Eviction": _eviction,
+    "PodDisruptionBudget": _pod_disruption_budget,
 }
 
 
 def decode(body: bytes) -> Any:
     """The JSON form of a protobuf-encoded Namespace, ConfigMap, Secret, ServiceAccount,
-    TokenRequest or DeleteOptions."""
+    TokenRequest, DeleteOptions, Eviction or PodDisruptionBudget."""
     if not body.startswith(_MAGIC):
         raise bad_request("a Kubernetes protobuf body starts with k8s\\x00")
     envelope = _fields(body[len(_MAGIC) :])

@@ -11,6 +11,7 @@ from devstack.apiserver.errors import JsonObject, no_such_path
 
 CRD_GROUP = "apiextensions.k8s.io"
 RBAC_GROUP = "rbac.authorization.k8s.io"
+POLICY_GROUP = "policy"
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,14 @@ BUILTIN_TYPES: tuple[ResourceType, ...] = (
         categories=("all",),
         status_subresource=True,
         scale=ScalePaths(spec_replicas=".spec.replicas", status_replicas=".status.replicas"),
+    ),
+    _core(
+        "poddisruptionbudgets",
+        "PodDisruptionBudget",
+        namespaced=True,
+        short_names=("pdb",),
+        status=True,
+        group=POLICY_GROUP,
     ),
     _core("roles", "Role", namespaced=True, group=RBAC_GROUP),
     _core("rolebindings", "RoleBinding", namespaced=True, group=RBAC_GROUP),

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from devstack.apiserver import discovery, faults, patching, protobuf, query, tables
+from devstack.apiserver import discovery, eviction, faults, patching, protobuf, query, tables
 from devstack.apiserver.admission import (
     STRICT,
     WARN,
@@ -46,13 +46,14 @@ from devstack.apiserver.faults import Faults
 from devstack.apiserver.peering import KOPF_PEERING_CRDS
 from devstack.apiserver.registry import (
     CRD_GROUP,
+    POLICY_GROUP,
     RBAC_GROUP,
     Registry,
     ResourceType,
     types_from_crd,
 )
 from devstack.apiserver.selectors import Predicate, field_selector, label_selector
-from devstack.apiserver.store import Change, StorageKey, Store
+from devstack.apiserver.store import Change, StorageKey, Store, now
 from devstack.apiserver.watch import serve_watch, watch_request
 
 CRD_KEY: StorageKey = (CRD_GROUP, "customresourcedefinitions")
@@ -71,12 +72,19 @@ class Target:
     subresource: str | None
 
 
-def _json(body: Any, status: int = 200, warnings: Sequence[str] = ()) -> web.Response:
+def _json(
+    body: Any,
+    status: int = 200,
+    warnings: Sequence[str] = (),
+    headers: dict[str, str] | None = None,
+) -> web.Response:
     quoted = (
         '299 - "{}"'.format(warning.replace("\\", "\\\\").replace('"', '\\"'))
         for warning in warnings
     )
-    headers = {"Warning": ", ".join(quoted)} if warnings else None
+    headers = dict(headers or {})
+    if warnings:
+        headers["Warning"] = ", ".join(quoted)
     return web.Response(
         body=json.dumps(body).encode(),
         status=status,
@@ -115,6 +123,11 @@ class ApiServer:
         self.tokens = Tokens()
         self.authorizer = Authorizer(self._rbac_objects)
         self.audit = AuditLog(audit_log) if audit_log is not None else None
+        self.evictions = eviction.Evictions(
+            self.store,
+            self._type("", "v1", "pods"),
+            self._type(POLICY_GROUP, "v1", "poddisruptionbudgets"),
+        )
         for name in ("default", "kube-system", "kube-public"):
             self.create(self._type("", "v1", "namespaces"), {"metadata": {"name": name}})
         for crd in KOPF_PEERING_CRDS:
@@ -284,7 +297,7 @@ class ApiServer:
         try:
             response: web.StreamResponse = await handler(request)
         except ApiError as error:
-            return _json(error.status(), status=error.code)
+            return _json(error.status(), status=error.code, headers=error.headers())
         except web.HTTPNotFound:
             return _json(no_such_path().status(), status=404)
         return response
@@ -401,10 +414,10 @@ class ApiServer:
         if namespace and not rt.namespaced:
             raise no_such_path()
         subresource = parts[2] if len(parts) == 3 else None
-        binding = subresource == "binding" and rt.key == ("", "pods")
+        pod_only = subresource in ("binding", "eviction") and rt.key == ("", "pods")
         token = subresource == "token" and rt.key == ("", "serviceaccounts")
         if (
-            (subresource not in (None, "status", "scale") and not binding and not token)
+            (subresource not in (None, "status", "scale") and not pod_only and not token)
             or (subresource == "scale" and rt.scale is None)
             or (subresource == "status" and not rt.status_subresource)
         ):
@@ -439,6 +452,10 @@ class ApiServer:
             if method != "POST":
                 raise method_not_allowed("a binding can only be created (POST)")
             return await self._bind(request, target)
+        if target.subresource == "eviction":
+            if method != "POST":
+                raise method_not_allowed("an eviction can only be created (POST)")
+            return await self._evict(request, target)
         if method == "GET":
             obj = self.store.get(target.rt, target.namespace, target.name)
             return self._render(request, target.rt, [obj], single=True)
@@ -612,12 +629,9 @@ class ApiServer:
         if "gracePeriodSeconds" in request.query:  # DeleteOptions may come as query parameters
             grace = query.number(request.query, "gracePeriodSeconds", 0)
             options["gracePeriodSeconds"] = int(grace)
-        preconditions = options.get("preconditions") or {}
         dry_run = request.query.get("dryRun") == "All" or "All" in (options.get("dryRun") or [])
         current = self.store.get(target.rt, target.namespace, target.name)
-        for field in ("uid", "resourceVersion"):
-            if preconditions.get(field) not in (None, current["metadata"][field]):
-                raise conflict(target.rt.resource, target.name)
+        self._check_preconditions(target, current, options)
         obj, removed = self.store.delete(
             target.rt,
             target.namespace,
@@ -626,6 +640,31 @@ class ApiServer:
             dry_run=dry_run,
         )
         return _json(target.rt.stamp(obj), status=200 if removed else 202)
+
+    @staticmethod
+    def _check_preconditions(target: Target, current: JsonObject, options: JsonObject) -> None:
+        """DeleteOptions.preconditions: the uid and resourceVersion the object must have."""
+        preconditions = options.get("preconditions") or {}
+        for field in ("uid", "resourceVersion"):
+            if preconditions.get(field) not in (None, current["metadata"][field]):
+                raise conflict(target.rt.resource, str(target.name))
+
+    async def _evict(self, request: web.Request, target: Target) -> web.Response:
+        """POST pods/NAME/eviction: delete the pod unless its PodDisruptionBudget forbids it
+        (eviction.py)."""
+        assert target.name is not None
+        namespace, name = target.namespace, target.name
+        options, dry_run = eviction.delete_options(
+            await self._object_body(request), name, request.query.get("dryRun") == "All"
+        )
+        self._check_preconditions(target, self.store.get(target.rt, namespace, name), options)
+
+        def delete(options: JsonObject, dry_run: bool) -> None:
+            current = self.store.get(target.rt, namespace, name)
+            grace = self._grace_seconds(target.rt, current, options)
+            self.store.delete(target.rt, namespace, name, grace_seconds=grace, dry_run=dry_run)
+
+        return _json(self.evictions.evict(namespace, name, options, dry_run, delete), status=201)
 
     @staticmethod
     def _grace_seconds(rt: ResourceType, current: JsonObject, options: JsonObject) -> int:
@@ -639,7 +678,8 @@ class ApiServer:
         return max(int(grace), 0)
 
     async def _bind(self, request: web.Request, target: Target) -> web.Response:
-        """POST pods/NAME/binding: what a scheduler does, sets spec.nodeName once."""
+        """POST pods/NAME/binding: what a scheduler does, sets spec.nodeName once (and the
+        PodScheduled condition True)."""
         assert target.name is not None
         binding = await self._object_body(request)
         node = (binding.get("target") or {}).get("name")
@@ -654,6 +694,17 @@ class ApiServer:
                 f'{target.name} is already assigned to node "{pod["spec"]["nodeName"]}"',
             )
         pod.setdefault("spec", {})["nodeName"] = node
+        status = pod.setdefault("status", {})
+        conditions = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
+        status["conditions"] = [
+            {
+                "type": "PodScheduled",
+                "status": "True",
+                "lastProbeTime": None,
+                "lastTransitionTime": now(),
+            },
+            *conditions,
+        ]
         self.store.update(target.rt, pod)
         return _json({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}, 201)
 

@@ -160,6 +160,49 @@ def _event_row(event: JsonObject) -> list[Any]:
     ]
 
 
+def _node_row(node: JsonObject) -> list[Any]:
+    """Status is Ready/NotReady/Unknown, then SchedulingDisabled when cordoned."""
+    spec, status = node.get("spec") or {}, node.get("status") or {}
+    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    states = [] if ready is None else ["Ready" if ready.get("status") == "True" else "NotReady"]
+    states = states or ["Unknown"]
+    if spec.get("unschedulable"):
+        states.append("SchedulingDisabled")
+    labels = node["metadata"].get("labels") or {}
+    roles = sorted(
+        key.removeprefix("node-role.kubernetes.io/")
+        for key in labels
+        if key.startswith("node-role.kubernetes.io/")
+    )
+    if labels.get("kubernetes.io/role"):
+        roles.append(labels["kubernetes.io/role"])
+    addresses = {a.get("type"): a.get("address") for a in status.get("addresses") or []}
+    info = status.get("nodeInfo") or {}
+    return [
+        node["metadata"]["name"],
+        ",".join(states),
+        ",".join(roles) or "<none>",
+        human_age(node["metadata"].get("creationTimestamp")),
+        info.get("kubeletVersion", ""),
+        addresses.get("InternalIP") or "<none>",
+        addresses.get("ExternalIP") or "<none>",
+        info.get("osImage") or "<unknown>",
+        info.get("kernelVersion") or "<unknown>",
+        info.get("containerRuntimeVersion") or "<unknown>",
+    ]
+
+
+def _budget_row(budget: JsonObject) -> list[Any]:
+    spec, status = budget.get("spec") or {}, budget.get("status") or {}
+    return [
+        budget["metadata"]["name"],
+        "N/A" if spec.get("minAvailable") is None else str(spec["minAvailable"]),
+        "N/A" if spec.get("maxUnavailable") is None else str(spec["maxUnavailable"]),
+        int(status.get("disruptionsAllowed", 0)),
+        human_age(budget["metadata"].get("creationTimestamp")),
+    ]
+
+
 def _builtin_columns(names: list[tuple[str, str, int]]) -> list[PrinterColumn]:
     return [
         PrinterColumn(name=name, type=kind, json_path="", priority=priority)
@@ -237,6 +280,35 @@ _BUILTIN: dict[tuple[str, str], tuple[list[PrinterColumn], Callable[[JsonObject]
             replica_set.get("status", {}).get("readyReplicas", 0),
             human_age(replica_set["metadata"].get("creationTimestamp")),
         ],
+    ),
+    ("", "nodes"): (
+        _builtin_columns(
+            [
+                ("Name", "string", 0),
+                ("Status", "string", 0),
+                ("Roles", "string", 0),
+                ("Age", "string", 0),
+                ("Version", "string", 0),
+                ("Internal-IP", "string", 1),
+                ("External-IP", "string", 1),
+                ("OS-Image", "string", 1),
+                ("Kernel-Version", "string", 1),
+                ("Container-Runtime", "string", 1),
+            ]
+        ),
+        _node_row,
+    ),
+    ("policy", "poddisruptionbudgets"): (
+        _builtin_columns(
+            [
+                ("Name", "string", 0),
+                ("Min Available", "string", 0),
+                ("Max Unavailable", "string", 0),
+                ("Allowed Disruptions", "integer", 0),
+                ("Age", "string", 0),
+            ]
+        ),
+        _budget_row,
     ),
     ("", "namespaces"): (
         _builtin_columns([("Name", "string", 0), ("Status", "string", 0), ("Age", "string", 0)]),

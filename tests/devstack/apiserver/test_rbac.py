@@ -229,3 +229,25 @@ def test_every_decision_on_a_service_account_request_is_audited(
         (USER, "list", "pods", "shop", True),
         (USER, "list", "configmaps", "shop", False),
     ]
+
+
+def test_evicting_a_pod_needs_create_on_pods_eviction_not_delete_on_pods(
+    admin: Kubectl, account: Account
+) -> None:
+    deleter = rule([""], ["pods"], ["delete"])
+    apply(admin, role("evicter", "shop", deleter), binding("evicter", "shop", "Role", "evicter"))
+    eviction = json.dumps(
+        {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "p"}}
+    )
+    path = "/api/v1/namespaces/shop/pods/p/eviction"
+
+    refused = account("POST", path, eviction)
+    apply(admin, role("evicter", "shop", deleter, rule([""], ["pods/eviction"], ["create"])))
+    allowed = account("POST", path, eviction)
+
+    assert refused.status_code == 403
+    assert refused.json()["message"] == (
+        f'pods "p" is forbidden: User "{USER}" cannot create resource "pods/eviction" in API '
+        'group "" in the namespace "shop"'
+    )
+    assert allowed.status_code == 404  # allowed; there is no such pod
