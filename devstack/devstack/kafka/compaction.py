@@ -21,6 +21,7 @@ from devstack.kafka.protocol import ProtocolError, Reader, Writer, crc32c
 _BATCH_HEADER_SIZE = 61
 _CRC_START = 21  # the CRC covers the batch from its attributes to its end
 _COMPRESSION_MASK = 0x07
+_TRANSACTIONAL = 0x10
 _CONTROL = 0x20
 
 
@@ -39,10 +40,15 @@ class RecordBatch:
     attributes: int
     last_offset_delta: int
     producer_id: int
+    producer_epoch: int
 
     @property
     def last_offset(self) -> int:
         return self.base_offset + self.last_offset_delta
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & _TRANSACTIONAL)
 
     @property
     def is_control(self) -> bool:
@@ -79,9 +85,12 @@ class RecordBatch:
             )
         return records
 
-    def with_records(self, records: Sequence[Record]) -> bytes:
-        """This batch holding only `records`: same offsets and header, new count, length, CRC."""
-        after_crc = bytearray(self.encoded[_CRC_START : _BATCH_HEADER_SIZE - 4])
+    def with_records(self, records: Sequence[Record], control: bool = False) -> bytes:
+        """This batch holding only `records`: same offsets and header, new count, length, CRC;
+        made a control batch if `control`."""
+        attributes = self.attributes | _CONTROL if control else self.attributes
+        after_crc = bytearray(Writer().int16(attributes).bytes())
+        after_crc += self.encoded[_CRC_START + 2 : _BATCH_HEADER_SIZE - 4]
         after_crc += Writer().int32(len(records)).bytes()
         for record in records:
             after_crc += record.encoded
@@ -127,10 +136,15 @@ def read_batches(records: bytes) -> tuple[list[RecordBatch], bytes]:
         last_offset_delta = reader.int32()
         reader.int64()
         reader.int64()
-        producer_id = reader.int64()
+        producer_id, producer_epoch = reader.int64(), reader.int16()
         batches.append(
             RecordBatch(
-                base_offset, records[position:end], attributes, last_offset_delta, producer_id
+                base_offset,
+                records[position:end],
+                attributes,
+                last_offset_delta,
+                producer_id,
+                producer_epoch,
             )
         )
         position = end
