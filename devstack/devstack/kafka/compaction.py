@@ -8,12 +8,13 @@ byte for byte, each batch's base offset and last offset delta preserved (so a co
 position moves past removed records), record count and CRC32C recomputed, batches left empty
 dropped unless Kafka keeps them (the last batch of an idempotent or transactional producer).
 
-Not modelled: records of aborted transactions (the mock broker serves them, and the cleaner
-here keeps or removes them by key like any other record, where Kafka would remove them);
-compressed batches, which are left untouched.
+As Kafka's cleaner, it removes the records of aborted transactions (the batches the caller
+names) and never lets them supersede an older record of their key. Not modelled: Kafka cleans
+no further than the last stable offset; here a transaction still open when the log is cleaned
+is cleaned as if committed. Compressed batches are left untouched.
 """
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 
 from devstack.kafka.protocol import ProtocolError, Reader, Writer, crc32c
@@ -166,23 +167,29 @@ def plan_compaction(
     through_offset: int,
     remove_tombstones: bool,
     previous: Compaction | None,
+    aborted: Container[int],
 ) -> Compaction:
     """The cleaner's result on the prefix [log start, through_offset) of a log of `batches`.
 
     In the prefix only the newest record of each key is kept; a tombstone is kept too unless
-    `remove_tombstones`. What an earlier compaction removed stays removed.
+    `remove_tombstones`; the records of the batches whose base offsets are `aborted` go. What
+    an earlier compaction removed stays removed.
     """
     all_batches = list(batches)
     newest: dict[bytes, int] = {}
     records: list[Record] = []
+    removed = set(previous.removed) if previous else set()
     for batch in all_batches:
         if batch.is_control or batch.base_offset >= through_offset:
             continue
         for record in batch.records():
-            if record.offset < through_offset and record.key is not None:
+            if record.offset >= through_offset:
+                continue
+            if batch.base_offset in aborted:
+                removed.add(record.offset)
+            elif record.key is not None:
                 newest[record.key] = record.offset
                 records.append(record)
-    removed = set(previous.removed) if previous else set()
     for record in records:
         superseded = record.key is not None and newest[record.key] != record.offset
         if superseded or (record.is_tombstone and remove_tombstones):

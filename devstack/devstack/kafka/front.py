@@ -285,6 +285,7 @@ class KafkaFront:
                 high_watermark if through_offset is None else through_offset,
                 remove_tombstones,
                 self._compactions.get(key),
+                self._transactions.aborted(topic, index),
             )
 
     async def _read_log(

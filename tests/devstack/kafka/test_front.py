@@ -472,6 +472,28 @@ def test_compaction_leaves_the_newest_record_per_key_at_its_offset(
     ]
 
 
+def test_compaction_removes_aborted_records_which_supersede_nothing(
+    kafka_front: KafkaFront,
+) -> None:
+    topic = unique("changelog")
+    kafka_front.kafka.create_topic(topic, 1)
+    producer = transactional(kafka_front, unique("tx"))
+    producer.begin_transaction()
+    producer.produce(topic, key=b"k", value=b"committed", partition=0)
+    producer.commit_transaction(10)  # offset 0, its commit marker at 1
+    producer.begin_transaction()
+    producer.produce(topic, key=b"k", value=b"aborted", partition=0)
+    producer.flush(10)
+    producer.abort_transaction(10)  # offset 2, its abort marker at 3
+
+    kafka_front.compact(topic)
+
+    for isolation_level in ("read_committed", "read_uncommitted"):
+        assert consume(kafka_front, topic, 0, 4, isolation_level=isolation_level) == [
+            (0, b"k", b"committed")
+        ]
+
+
 def test_rewritten_batches_carry_a_valid_crc32c(kafka_front: KafkaFront) -> None:
     topic = unique("checked")
     kafka_front.kafka.create_topic(topic, 1)
