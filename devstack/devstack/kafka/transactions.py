@@ -90,9 +90,9 @@ class TransactionLog:
         `fenced` meanwhile (its Produce reached the broker before the fence, the response came
         after) wrote them in a transaction that is aborted already."""
         batches = [
-            (partition, range(base_offset, base_offset + write.offsets_taken[partition]))
-            for partition, base_offset in base_offsets.items()
-            if partition in write.offsets_taken
+            (key, range(base, base + write.offsets_taken[key]))
+            for key, base in base_offsets.items()
+            if key in write.offsets_taken
         ]
         if fenced:
             self._abort(batches)
@@ -107,8 +107,8 @@ class TransactionLog:
             self._abort(batches)
 
     def _abort(self, batches: list[tuple[TopicPartition, range]]) -> None:
-        for partition, offsets in batches:
-            self._aborted.setdefault(partition, AbortedOffsets()).add(offsets)
+        for key, offsets in batches:
+            self._aborted.setdefault(key, AbortedOffsets()).add(offsets)
 
     def has_aborted(self) -> bool:
         """Whether any transaction was aborted (until then Fetch answers need no look)."""
@@ -123,9 +123,7 @@ class TransactionLog:
         for key in [key for key in self._aborted if key[0] == topic]:
             del self._aborted[key]
         self._open = {
-            producer: [
-                (partition, offsets) for partition, offsets in batches if partition[0] != topic
-            ]
+            producer: [(key, offsets) for key, offsets in batches if key[0] != topic]
             for producer, batches in self._open.items()
         }
 
