@@ -8,12 +8,13 @@ byte for byte, each batch's base offset and last offset delta preserved (so a co
 position moves past removed records), record count and CRC32C recomputed, batches left empty
 dropped unless Kafka keeps them (the last batch of an idempotent or transactional producer).
 
-Not modelled: records of aborted transactions (the mock broker serves them, and the cleaner
-here keeps or removes them by key like any other record, where Kafka would remove them);
-compressed batches, which are left untouched.
+As Kafka's cleaner, it removes the records of aborted transactions (the batches the caller
+names) and never lets them supersede an older record of their key. Not modelled: Kafka cleans
+no further than the last stable offset; here a transaction still open when the log is cleaned
+is cleaned as if committed. Compressed batches are left untouched.
 """
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 
 from devstack.kafka.protocol import ProtocolError, Reader, Writer, crc32c
@@ -21,6 +22,7 @@ from devstack.kafka.protocol import ProtocolError, Reader, Writer, crc32c
 _BATCH_HEADER_SIZE = 61
 _CRC_START = 21  # the CRC covers the batch from its attributes to its end
 _COMPRESSION_MASK = 0x07
+_TRANSACTIONAL = 0x10
 _CONTROL = 0x20
 
 
@@ -39,10 +41,15 @@ class RecordBatch:
     attributes: int
     last_offset_delta: int
     producer_id: int
+    producer_epoch: int
 
     @property
     def last_offset(self) -> int:
         return self.base_offset + self.last_offset_delta
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & _TRANSACTIONAL)
 
     @property
     def is_control(self) -> bool:
@@ -79,9 +86,12 @@ class RecordBatch:
             )
         return records
 
-    def with_records(self, records: Sequence[Record]) -> bytes:
-        """This batch holding only `records`: same offsets and header, new count, length, CRC."""
-        after_crc = bytearray(self.encoded[_CRC_START : _BATCH_HEADER_SIZE - 4])
+    def with_records(self, records: Sequence[Record], control: bool = False) -> bytes:
+        """This batch holding only `records`: same offsets and header, new count, length, CRC;
+        made a control batch if `control`."""
+        attributes = self.attributes | _CONTROL if control else self.attributes
+        after_crc = bytearray(Writer().int16(attributes).bytes())
+        after_crc += self.encoded[_CRC_START + 2 : _BATCH_HEADER_SIZE - 4]
         after_crc += Writer().int32(len(records)).bytes()
         for record in records:
             after_crc += record.encoded
@@ -127,10 +137,15 @@ def read_batches(records: bytes) -> tuple[list[RecordBatch], bytes]:
         last_offset_delta = reader.int32()
         reader.int64()
         reader.int64()
-        producer_id = reader.int64()
+        producer_id, producer_epoch = reader.int64(), reader.int16()
         batches.append(
             RecordBatch(
-                base_offset, records[position:end], attributes, last_offset_delta, producer_id
+                base_offset,
+                records[position:end],
+                attributes,
+                last_offset_delta,
+                producer_id,
+                producer_epoch,
             )
         )
         position = end
@@ -152,23 +167,29 @@ def plan_compaction(
     through_offset: int,
     remove_tombstones: bool,
     previous: Compaction | None,
+    aborted: Container[int],
 ) -> Compaction:
     """The cleaner's result on the prefix [log start, through_offset) of a log of `batches`.
 
     In the prefix only the newest record of each key is kept; a tombstone is kept too unless
-    `remove_tombstones`. What an earlier compaction removed stays removed.
+    `remove_tombstones`; the records of the batches whose base offsets are `aborted` go. What
+    an earlier compaction removed stays removed.
     """
     all_batches = list(batches)
     newest: dict[bytes, int] = {}
     records: list[Record] = []
+    removed = set(previous.removed) if previous else set()
     for batch in all_batches:
         if batch.is_control or batch.base_offset >= through_offset:
             continue
         for record in batch.records():
-            if record.offset < through_offset and record.key is not None:
+            if record.offset >= through_offset:
+                continue
+            if batch.base_offset in aborted:
+                removed.add(record.offset)
+            elif record.key is not None:
                 newest[record.key] = record.offset
                 records.append(record)
-    removed = set(previous.removed) if previous else set()
     for record in records:
         superseded = record.key is not None and newest[record.key] != record.offset
         if superseded or (record.is_tombstone and remove_tombstones):

@@ -8,9 +8,14 @@ out a new producer id at every InitProducerId but never refuses the old ones, so
 transaction commits (../shared/ENVIRONMENT.md). `ProducerFence` keeps, per transactional.id,
 the producer the mock gave out last, and answers for the mock every request of an older one.
 
-What it does not do, and Kafka does: abort the older producer's open transaction at once (its
-records that reached the broker before the fence stay visible on the mock; its commit is
-refused), and hide aborted records from read_committed readers.
+`initialised` names the producer a new one fences, so that the front aborts its open
+transaction at once, as the coordinator does: the records it wrote before the fence stay in the
+mock's log, but the front no longer serves them to read_committed readers (transactions.py).
+
+What it does not do, and Kafka does: write the ABORT markers of that transaction (the front
+puts one in a read_committed answer that would end with an aborted batch), and abort the
+transaction of a producer that stays silent past its transaction.timeout.ms (here it stays open
+until a newer producer of its transactional.id is initialised).
 """
 
 from dataclasses import dataclass
@@ -61,15 +66,20 @@ class ProducerFence:
         size = reader.unsigned_varint() - 1
         return None if size < 0 else reader.raw(size).decode()
 
-    def initialised(self, transactional_id: str, version: int, response: bytes) -> None:
+    def initialised(self, transactional_id: str, version: int, response: bytes) -> Producer | None:
         """Note the producer a broker's InitProducerId response (with its correlation id) gave
-        `transactional_id`: from now on it is the only one that may write for it."""
+        `transactional_id`: from now on it is the only one that may write for it. Returns the
+        producer it fences (the one that was the newest until now), whose open transaction
+        Kafka aborts; None if there is none."""
         reader = Reader(response, 4)
         if version >= _FIRST_FLEXIBLE_INIT_PRODUCER_ID:
             reader.skip_tagged_fields()  # response header v1
         reader.int32()  # throttle time
-        if reader.int16() == _NONE:
-            self._newest[transactional_id] = Producer(reader.int64(), reader.int16())
+        if reader.int16() != _NONE:
+            return None
+        previous = self._newest.get(transactional_id)
+        self._newest[transactional_id] = Producer(reader.int64(), reader.int16())
+        return previous
 
     def refusal(self, header: RequestHeader, request: bytes) -> bytes | None:
         """The response body (after the correlation id) that refuses `request` because its
@@ -80,7 +90,7 @@ class ProducerFence:
             return self._refuse_produce(version, reader)
         if api_key in VERSION_CAPS and version <= VERSION_CAPS[api_key]:
             transactional_id = reader.string()
-            if not self._fenced(transactional_id, Producer(reader.int64(), reader.int16())):
+            if not self.is_fenced(transactional_id, Producer(reader.int64(), reader.int16())):
                 return None
             if api_key != ADD_PARTITIONS_TO_TXN:
                 return Writer().int32(0).int16(_PRODUCER_FENCED).bytes()
@@ -96,7 +106,8 @@ class ProducerFence:
             return answer.bytes()
         return None
 
-    def _fenced(self, transactional_id: str | None, producer: Producer) -> bool:
+    def is_fenced(self, transactional_id: str | None, producer: Producer) -> bool:
+        """Whether a newer producer of `transactional_id` than `producer` was initialised."""
         newest = None if transactional_id is None else self._newest.get(transactional_id)
         return newest is not None and producer != newest
 
@@ -118,7 +129,7 @@ class ProducerFence:
                 if records is not None and len(records) >= _BATCH_PRODUCER_AT + 10:
                     batch = Reader(records, _BATCH_PRODUCER_AT)
                     producer = Producer(batch.int64(), batch.int16())
-                    fenced = fenced or self._fenced(transactional_id, producer)
+                    fenced = fenced or self.is_fenced(transactional_id, producer)
             partitions.append((topic, indexes))
         if not fenced:
             return None

@@ -18,7 +18,11 @@ forwards every request to its broker, except that it:
   ListOffsets answers then never go below, and a Fetch below it is OFFSET_OUT_OF_RANGE, as on a
   cluster whose retention deleted the records;
 - fences the older producers of a transactional.id once a newer one is initialised, refusing
-  their Produce and transaction requests as Kafka does (see fencing.py).
+  their Produce and transaction requests as Kafka does (see fencing.py), and aborts the open
+  transaction of the producer it fences;
+- takes the record batches of aborted transactions (aborted by their producer, or by its
+  fencing) out of read_committed Fetch responses, as Kafka never serves them to such readers
+  (see transactions.py).
 
 It runs an asyncio loop in a background thread of the process that owns the EmbeddedKafka.
 """
@@ -68,6 +72,16 @@ from devstack.kafka.protocol import (
     frame,
     read_request_header,
 )
+from devstack.kafka.transactions import (
+    TransactionalWrite,
+    TransactionEnd,
+    TransactionLog,
+    produce_base_offsets,
+    transaction_end,
+    transaction_end_accepted,
+    transactional_write,
+    without_aborted,
+)
 
 T = TypeVar("T")
 
@@ -105,6 +119,7 @@ _NONE = 0
 _OFFSET_OUT_OF_RANGE = 1
 _UNKNOWN_TOPIC_OR_PARTITION = 3
 _LATEST = -1  # ListOffsets' timestamp for the high watermark (and DeleteRecords' "all")
+_READ_COMMITTED = 1  # Fetch's isolation level
 _INVALID_TOPIC_EXCEPTION = 17
 _TOPIC_ALREADY_EXISTS = 36
 _INVALID_PARTITIONS = 37
@@ -174,6 +189,12 @@ class _Forwarded:
     """For a Fetch: the offset each partition is read from (empty when nothing needs it)."""
     transactional_id: str | None = None
     """For an InitProducerId: the transactional.id it initialises."""
+    read_committed: bool = False
+    """For a Fetch: whether it reads committed records only (isolation level 1)."""
+    transactional_write: TransactionalWrite | None = None
+    """For a Produce: what it writes in its producer's transaction, if it is in one."""
+    transaction_end: TransactionEnd | None = None
+    """For an EndTxn: the transaction it ends, and how."""
 
 
 @dataclass(frozen=True)
@@ -195,6 +216,7 @@ class KafkaFront:
         self._compactions: dict[tuple[str, int], Compaction] = {}
         self._log_starts: dict[tuple[str, int], int] = {}
         self._fence = ProducerFence()
+        self._transactions = TransactionLog()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="kafka-front", daemon=True
@@ -263,6 +285,7 @@ class KafkaFront:
                 high_watermark if through_offset is None else through_offset,
                 remove_tombstones,
                 self._compactions.get(key),
+                self._transactions.aborted(topic, index),
             )
 
     async def _read_log(
@@ -574,6 +597,7 @@ class KafkaFront:
             del self._log_starts[key]
         for key in [key for key in self._compactions if key[0] == name]:
             del self._compactions[key]
+        self._transactions.forget_topic(name)
 
     # ---- retention --------------------------------------------------------------------------
 
@@ -672,22 +696,34 @@ class KafkaFront:
             if header.api_key == METADATA and header.api_version >= 4:
                 request = _without_auto_creation(request, header.body_offset)
             if answered:
-                fetch_offsets = (
-                    _fetch_offsets(request, header)
-                    if header.api_key == FETCH and self._log_starts
-                    else {}
-                )
-                transactional_id = (
-                    self._fence.transactional_id(header, request)
-                    if header.api_key == INIT_PRODUCER_ID
-                    else None
-                )
-                awaited[header.correlation_id] = _Forwarded(
-                    answer, header.api_key, header.api_version, fetch_offsets, transactional_id
-                )
+                awaited[header.correlation_id] = self._forwarded_request(answer, header, request)
                 answers.put_nowait(answer)
             broker.write(frame(request))
             await broker.drain()
+
+    def _forwarded_request(
+        self, answer: "asyncio.Future[bytes]", header: RequestHeader, request: bytes
+    ) -> _Forwarded:
+        """What the rewrite of `request`'s response will need to know of the request."""
+        api_key = header.api_key
+        return _Forwarded(
+            answer,
+            api_key,
+            header.api_version,
+            fetch_offsets=(
+                _fetch_offsets(request, header) if api_key == FETCH and self._log_starts else {}
+            ),
+            transactional_id=(
+                self._fence.transactional_id(header, request)
+                if api_key == INIT_PRODUCER_ID
+                else None
+            ),
+            read_committed=api_key == FETCH and _reads_committed(request, header),
+            transactional_write=(
+                transactional_write(header, request) if api_key == PRODUCE else None
+            ),
+            transaction_end=transaction_end(header, request) if api_key == END_TXN else None,
+        )
 
     def _handler(self, api_key: int) -> Callable[[int, Reader], Awaitable[bytes]] | None:
         if api_key == CREATE_TOPICS:
@@ -722,10 +758,26 @@ class KafkaFront:
             return self._rewrite_find_coordinator(version, response)
         if request.api_key == LIST_OFFSETS and self._log_starts:
             return self._rewrite_list_offsets(version, response)
-        if request.api_key == FETCH and (self._compactions or self._log_starts):
-            return self._rewrite_fetch(version, response, request.fetch_offsets)
+        if request.api_key == FETCH and (
+            self._compactions
+            or self._log_starts
+            or (request.read_committed and self._transactions.has_aborted())
+        ):
+            return self._rewrite_fetch(version, response, request)
         if request.api_key == INIT_PRODUCER_ID and request.transactional_id is not None:
-            self._fence.initialised(request.transactional_id, version, response)
+            fenced = self._fence.initialised(request.transactional_id, version, response)
+            if fenced is not None:
+                self._transactions.ended(fenced, committed=False)
+        write = request.transactional_write
+        if write is not None:
+            self._transactions.written(
+                write,
+                produce_base_offsets(version, response),
+                fenced=self._fence.is_fenced(write.transactional_id, write.producer),
+            )
+        end = request.transaction_end
+        if end is not None and transaction_end_accepted(response):
+            self._transactions.ended(end.producer, end.committed)
         return response
 
     def _front_of(self, host: str, port: int) -> _Address:
@@ -794,12 +846,11 @@ class KafkaFront:
                     answer.int32(reader.int32())
         return answer.raw(reader.rest()).bytes()
 
-    def _rewrite_fetch(
-        self, version: int, response: bytes, fetch_offsets: Mapping[tuple[str, int], int]
-    ) -> bytes:
-        """A Fetch answer (v0-v11) as Kafka would give it after `compact` and DeleteRecords:
-        a compacted partition's records as the cleaner leaves them; a read below a partition's
-        log start OFFSET_OUT_OF_RANGE without records; the log start offset never below it."""
+    def _rewrite_fetch(self, version: int, response: bytes, request: _Forwarded) -> bytes:
+        """A Fetch answer (v0-v11) as Kafka would give it after `compact`, DeleteRecords and
+        aborted transactions: a compacted partition's records as the cleaner leaves them; a read
+        below a partition's log start OFFSET_OUT_OF_RANGE without records; the log start offset
+        never below it; for a read_committed request, no batch of an aborted transaction."""
         reader = Reader(response, 4)
         answer = Writer().raw(response[:4])
         if version >= 1:
@@ -828,10 +879,13 @@ class KafkaFront:
                 deleted_before = self._log_starts.get(key)
                 if deleted_before is not None:
                     log_start = max(log_start, deleted_before)
-                    offset = fetch_offsets.get(key)
+                    offset = request.fetch_offsets.get(key)
                     if error_code == _NONE and offset is not None and offset < deleted_before:
                         error_code, aborted, aborted_transactions = _OFFSET_OUT_OF_RANGE, 0, b""
                         records = b""
+                aborted_offsets = self._transactions.aborted(topic, partition)
+                if request.read_committed and aborted_offsets and records:
+                    records = without_aborted(records, aborted_offsets)
                 compaction = self._compactions.get(key)
                 if compaction is not None and records:
                     records = rewrite_records(records, compaction)
@@ -1006,6 +1060,14 @@ def _fetch_offsets(request: bytes, header: RequestHeader) -> dict[tuple[str, int
                 reader.int64()  # the follower's log start
             reader.int32()  # partition max bytes
     return offsets
+
+
+def _reads_committed(request: bytes, header: RequestHeader) -> bool:
+    """Whether a Fetch request (v4-v11) reads committed records only."""
+    if header.api_version < 4:
+        return False
+    # After replica id, max wait, min bytes and max bytes: the isolation level.
+    return Reader(request, header.body_offset + 16).int8() == _READ_COMMITTED
 
 
 def _without_auto_creation(request: bytes, body_offset: int) -> bytes:

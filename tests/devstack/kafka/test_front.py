@@ -61,16 +61,19 @@ def consume(
     end_offset: int,
     start: int = 0,
     check_crcs: bool = False,
+    isolation_level: str = "read_committed",
 ) -> list[tuple[int, bytes | None, bytes | None]]:
     """Every record a fresh reader sees in [start, end_offset): (offset, key, value).
 
     `check_crcs` only without transactions: the mock writes commit markers with CRC 0.
+    `isolation_level` is librdkafka's default unless told.
     """
     consumer = Consumer(
         {
             "bootstrap.servers": front.bootstrap_servers,
             "group.id": unique("reader"),
             "check.crcs": check_crcs,
+            "isolation.level": isolation_level,
         }
     )
     consumer.assign([TopicPartition(topic, partition, start)])
@@ -296,8 +299,8 @@ def test_a_newer_producer_of_a_transactional_id_fences_the_older_ones_produce(
         producer.produce(topic, key=b"k", value=value)
         producer.commit_transaction(10)
     values = [value for _offset, _key, value in consume(kafka_front, topic, 0, 5)]
-    # The mock keeps what reached it before the fence visible (Kafka would hide it once the
-    # transaction is aborted), but nothing the zombie sent after it.
+    # Nothing the zombie sent after the fence reached the broker (what it sent before is in its
+    # aborted transaction: test_a_fenced_producers_open_transaction_is_aborted_...).
     assert b"after" not in values
     assert values[-2:] == [b"owner", b"other"]
 
@@ -315,6 +318,116 @@ def test_a_fenced_producers_commit_is_refused(kafka_front: KafkaFront) -> None:
     assert error is not None
     assert error.fatal()
     assert error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED)
+
+
+def end_offset(front: KafkaFront, topic: str) -> int:
+    """The high watermark of partition 0 of `topic`."""
+    consumer = Consumer({"bootstrap.servers": front.bootstrap_servers, "group.id": unique("w")})
+    try:
+        _low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        return int(high)
+    finally:
+        consumer.close()
+
+
+def values_read(front: KafkaFront, topic: str, isolation_level: str) -> list[bytes | None]:
+    """The values a fresh reader of `isolation_level` reads from partition 0, to its end."""
+    records = consume(front, topic, 0, end_offset(front, topic), isolation_level=isolation_level)
+    return [value for _offset, _key, value in records]
+
+
+def test_a_transaction_its_producer_aborts_is_hidden_from_read_committed_readers_only(
+    kafka_front: KafkaFront,
+) -> None:
+    topic = unique("aborted")
+    assert create(kafka_front, NewTopic(topic, 1, 1)) == {topic: None}
+    producer = transactional(kafka_front, unique("tx"))
+    producer.begin_transaction()
+    for value in (b"a0", b"a1", b"a2"):
+        producer.produce(topic, key=b"k", value=value, partition=0)
+        producer.flush(10)  # on the broker before the abort, else abort_transaction purges it
+    producer.abort_transaction(10)
+    producer.begin_transaction()
+    producer.produce(topic, key=b"k", value=b"committed", partition=0)
+    producer.commit_transaction(10)
+
+    assert values_read(kafka_front, topic, "read_committed") == [b"committed"]
+    assert values_read(kafka_front, topic, "read_uncommitted") == [
+        b"a0",
+        b"a1",
+        b"a2",
+        b"committed",
+    ]
+
+
+def test_a_fenced_producers_open_transaction_is_aborted_and_its_committed_ones_stay(
+    kafka_front: KafkaFront,
+) -> None:
+    topic, transactional_id = unique("fenced"), unique("tx")
+    assert create(kafka_front, NewTopic(topic, 1, 1)) == {topic: None}
+    zombie = transactional(kafka_front, transactional_id)
+    zombie.begin_transaction()
+    zombie.produce(topic, key=b"k", value=b"zombie-committed", partition=0)
+    zombie.commit_transaction(10)
+    zombie.begin_transaction()
+    zombie.produce(topic, key=b"k", value=b"zombie-open", partition=0)
+    zombie.flush(10)
+
+    owner = transactional(kafka_front, transactional_id)
+    assert values_read(kafka_front, topic, "read_committed") == [b"zombie-committed"]
+    owner.begin_transaction()
+    owner.produce(topic, key=b"k", value=b"owner", partition=0)
+    owner.commit_transaction(10)
+
+    assert values_read(kafka_front, topic, "read_committed") == [b"zombie-committed", b"owner"]
+    assert values_read(kafka_front, topic, "read_uncommitted") == [
+        b"zombie-committed",
+        b"zombie-open",
+        b"owner",
+    ]
+
+
+def test_read_committed_readers_get_every_committed_and_plain_record_and_reach_the_end(
+    kafka_front: KafkaFront,
+) -> None:
+    """Aborted batches are dropped from the answers, yet a reader's position moves past them,
+    also where nothing follows an aborted batch (a fenced producer's: no marker after it)."""
+    topic, transactional_id = unique("mixed"), unique("tx")
+    assert create(kafka_front, NewTopic(topic, 1, 1)) == {topic: None}
+    produce(kafka_front, topic, [(b"k", b"plain")])
+    producer = transactional(kafka_front, transactional_id)
+    for values, commit in (([b"c0", b"c1"], True), ([b"x0"], False), ([b"c2"], True)):
+        producer.begin_transaction()
+        for value in values:
+            producer.produce(topic, key=b"k", value=value, partition=0)
+            producer.flush(10)
+        if commit:
+            producer.commit_transaction(10)
+        else:
+            producer.abort_transaction(10)
+    producer.begin_transaction()
+    producer.produce(topic, key=b"k", value=b"x1", partition=0)
+    producer.flush(10)
+    transactional(kafka_front, transactional_id)  # fences `producer`: the log ends with x1
+
+    end = end_offset(kafka_front, topic)
+    records = consume(kafka_front, topic, 0, end)
+    assert [value for _offset, _key, value in records] == [b"plain", b"c0", b"c1", b"c2"]
+    assert [offset for offset, _key, _value in records] == [0, 1, 2, 6]
+    assert consume(kafka_front, topic, 0, end, start=7) == []
+
+
+def test_the_abort_marker_that_ends_an_answer_carries_a_valid_crc32c(
+    kafka_front: KafkaFront,
+) -> None:
+    topic, transactional_id = unique("marked"), unique("tx")
+    kafka_front.kafka.create_topic(topic, 1)
+    zombie = transactional(kafka_front, transactional_id)
+    zombie.begin_transaction()
+    zombie.produce(topic, key=b"k", value=b"open", partition=0)
+    zombie.flush(10)
+    transactional(kafka_front, transactional_id)  # no marker of the mock's in the log
+    assert consume(kafka_front, topic, 0, 1, check_crcs=True) == []
 
 
 def test_compaction_leaves_the_newest_record_per_key_at_its_offset(
@@ -357,6 +470,28 @@ def test_compaction_leaves_the_newest_record_per_key_at_its_offset(
         (8, b"d", b"d8"),
         (9, b"d", b"d9"),
     ]
+
+
+def test_compaction_removes_aborted_records_which_supersede_nothing(
+    kafka_front: KafkaFront,
+) -> None:
+    topic = unique("changelog")
+    kafka_front.kafka.create_topic(topic, 1)
+    producer = transactional(kafka_front, unique("tx"))
+    producer.begin_transaction()
+    producer.produce(topic, key=b"k", value=b"committed", partition=0)
+    producer.commit_transaction(10)  # offset 0, its commit marker at 1
+    producer.begin_transaction()
+    producer.produce(topic, key=b"k", value=b"aborted", partition=0)
+    producer.flush(10)
+    producer.abort_transaction(10)  # offset 2, its abort marker at 3
+
+    kafka_front.compact(topic)
+
+    for isolation_level in ("read_committed", "read_uncommitted"):
+        assert consume(kafka_front, topic, 0, 4, isolation_level=isolation_level) == [
+            (0, b"k", b"committed")
+        ]
 
 
 def test_rewritten_batches_carry_a_valid_crc32c(kafka_front: KafkaFront) -> None:
