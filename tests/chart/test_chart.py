@@ -39,7 +39,11 @@ OPERATOR_PERMISSIONS: dict[tuple[str, str], set[str]] = {
     # Only list, with a label selector: RBAC cannot limit reads by label, so the operator never
     # gets a Secret by name (smoothscale.operator.observe.observe_secrets).
     ("", "secrets"): {"list"},
+    # Each app's PodDisruptionBudget, created once: evictions wait while state moves.
+    ("policy", "poddisruptionbudgets"): {"create"},
 }
+# Cluster-scoped, read-only, in a ClusterRole of its own in every mode: which nodes are drained.
+NODE_PERMISSIONS = {("", "nodes"): {"list"}}
 # kopf peering: keep-alives in a KopfPeering (namespaced) or ClusterKopfPeering (cluster-wide).
 PEERING_VERBS = {"list", "watch", "patch"}
 
@@ -67,6 +71,21 @@ def permissions(role: Manifest) -> dict[tuple[str, str], set[str]]:
             for resource in rule["resources"]:
                 granted.setdefault((group, resource), set()).update(rule["verbs"])
     return granted
+
+
+def node_roles(manifests: list[Manifest]) -> list[Manifest]:
+    """The ClusterRole that lets the operator list nodes (rbac.readNodes)."""
+    return [r for r in of_kind(manifests, "ClusterRole") if permissions(r) == NODE_PERMISSIONS]
+
+
+def app_roles(manifests: list[Manifest]) -> list[Manifest]:
+    """The Roles and ClusterRoles that grant what the operator does with the apps."""
+    nodes = {r["metadata"]["name"] for r in node_roles(manifests)}
+    return [
+        r
+        for r in of_kind(manifests, "Role") + of_kind(manifests, "ClusterRole")
+        if r["kind"] == "Role" or r["metadata"]["name"] not in nodes
+    ]
 
 
 def operator_container(manifests: list[Manifest]) -> Manifest:
@@ -100,8 +119,9 @@ def test_default_install_serves_only_the_release_namespace_without_cluster_permi
     assert [(r["kind"], r["metadata"]["namespace"]) for r in of_kind(manifests, "Role")] == [
         ("Role", NAMESPACE)
     ]
-    assert of_kind(manifests, "ClusterRole") == []
-    assert of_kind(manifests, "ClusterRoleBinding") == []
+    # Nothing cluster-wide but listing nodes.
+    assert of_kind(manifests, "ClusterRole") == node_roles(manifests) != []
+    assert len(of_kind(manifests, "ClusterRoleBinding")) == 1
 
 
 def test_each_watched_namespace_gets_its_own_role_and_binding() -> None:
@@ -113,7 +133,7 @@ def test_each_watched_namespace_gets_its_own_role_and_binding() -> None:
         assert sorted(m["metadata"]["namespace"] for m in of_kind(manifests, kind)) == watched
     # The operator itself still runs in the release namespace.
     assert one(manifests, "Deployment")["metadata"]["namespace"] == NAMESPACE
-    assert of_kind(manifests, "ClusterRole") == []
+    assert of_kind(manifests, "ClusterRole") == node_roles(manifests)
 
 
 def test_cluster_wide_mode_uses_one_cluster_role_and_no_roles() -> None:
@@ -122,10 +142,18 @@ def test_cluster_wide_mode_uses_one_cluster_role_and_no_roles() -> None:
 
     assert "--all-namespaces" in args
     assert served_namespaces(args) == []
-    assert len(of_kind(manifests, "ClusterRole")) == 1
-    assert len(of_kind(manifests, "ClusterRoleBinding")) == 1
+    assert len(app_roles(manifests)) == 1
+    assert len(node_roles(manifests)) == 1
+    assert len(of_kind(manifests, "ClusterRoleBinding")) == 2
     assert of_kind(manifests, "Role") == []
     assert of_kind(manifests, "RoleBinding") == []
+
+
+def test_listing_nodes_can_be_left_out() -> None:
+    manifests = render({"rbac": {"create": True, "readNodes": False}})
+
+    assert node_roles(manifests) == []
+    assert of_kind(manifests, "ClusterRole") == []
 
 
 def test_rbac_can_be_left_to_the_user() -> None:
@@ -140,11 +168,12 @@ def test_rbac_can_be_left_to_the_user() -> None:
 @MODES
 def test_rbac_grants_exactly_what_the_operator_uses(values: dict[str, Any]) -> None:
     manifests = render(values)
-    roles = of_kind(manifests, "Role") + of_kind(manifests, "ClusterRole")
+    roles = app_roles(manifests)
 
     assert roles
     for role in roles:
         assert permissions(role) == OPERATOR_PERMISSIONS
+    assert [permissions(role) for role in node_roles(manifests)] == [NODE_PERMISSIONS]
 
 
 @pytest.mark.parametrize(
@@ -160,7 +189,7 @@ def test_peering_adds_kopf_peering_permissions_in_the_matching_scope(
     values: dict[str, Any], peering_resource: str
 ) -> None:
     manifests = render(with_peering(values))
-    roles = of_kind(manifests, "Role") + of_kind(manifests, "ClusterRole")
+    roles = app_roles(manifests)
 
     assert roles
     for role in roles:

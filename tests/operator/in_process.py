@@ -155,10 +155,16 @@ def installed(chart: list[Manifest], workdir: Path) -> Iterator[Platform]:
         admin.request(
             "POST", f"/api/v1/namespaces/{OPERATOR_NAMESPACE}/serviceaccounts", body=account
         )
-        rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces"
+        rbac = "/apis/rbac.authorization.k8s.io/v1"
         for kind, plural in (("Role", "roles"), ("RoleBinding", "rolebindings")):
             for manifest in of_kind(chart, kind):
-                admin.request("POST", f"{rbac}/{APPS}/{plural}", body=manifest)
+                admin.request("POST", f"{rbac}/namespaces/{APPS}/{plural}", body=manifest)
+        for kind, plural in (
+            ("ClusterRole", "clusterroles"),
+            ("ClusterRoleBinding", "clusterrolebindings"),
+        ):
+            for manifest in of_kind(chart, kind):
+                admin.request("POST", f"{rbac}/{plural}", body=manifest)
         name = account["metadata"]["name"]
         token = admin.request(
             "POST",

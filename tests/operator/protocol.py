@@ -21,8 +21,11 @@ from smoothscale.runtime.config import CONFIG_ENV, WorkerConfig
 from smoothscale.runtime.instance import Instance
 from smoothscale.runtime.metrics import InstanceMetrics
 from smoothscale.runtime.pipeline import load_pipeline
-from tests.operator.in_process import Platform
+from tests.operator.in_process import APPS, Platform
 from tests.runtime.instance_helpers import feed
+
+GRACE_SYNCS = 30
+"""How many syncs a deleted pod's instance goes on serving before it is stopped anyway."""
 
 
 @dataclass
@@ -30,6 +33,8 @@ class Pod:
     name: str
     uid: str
     instance: Instance
+    terminating: int = 0
+    """Syncs since its pod was deleted with a grace period."""
 
 
 @dataclass
@@ -43,18 +48,56 @@ class InProcessPods:
 
     def sync(self) -> None:
         """Start an instance for each new pod (marked Ready: no Spark to wait for), and stop
-        the instance of each pod deleted (gracefully, as on SIGTERM)."""
+        the instance of each pod deleted, as a kubelet and the worker do: a pod deleted with a
+        grace period keeps running while it holds active tasks (the operator hands them over),
+        then stops and is removed (at most GRACE_SYNCS syncs after the delete)."""
         objects = {pod["metadata"]["name"]: pod for pod in self.platform.pods()}
         for name, running in list(self.pods.items()):
-            if objects.get(name, {}).get("metadata", {}).get("uid") != running.uid:
+            pod = objects.get(name, {})
+            if pod.get("metadata", {}).get("uid") != running.uid:
                 running.instance.shutdown(timeout=10)
                 del self.pods[name]
+            elif pod["metadata"].get("deletionTimestamp"):
+                running.terminating += 1
+                if running.instance.active_tasks() and running.terminating < GRACE_SYNCS:
+                    continue
+                running.instance.shutdown(timeout=10)
+                del self.pods[name]
+                self.platform.admin.request(
+                    "DELETE", f"/api/v1/namespaces/{APPS}/pods/{name}?gracePeriodSeconds=0"
+                )
+                objects.pop(name)
         for name, pod in sorted(objects.items()):
             if name not in self.pods:
                 self.pods[name] = self._start(pod)
 
+    def _schedule(self, pod: dict[str, Any]) -> None:
+        """Bind the pod to the schedulable node with the fewest pods, as a scheduler would
+        (when the cluster has nodes)."""
+        nodes = self.platform.admin.request("GET", "/api/v1/nodes")["items"]
+        usable = [
+            n["metadata"]["name"] for n in nodes if not n.get("spec", {}).get("unschedulable")
+        ]
+        if not usable:
+            return
+        bound = [p.get("spec", {}).get("nodeName") for p in self.platform.pods()]
+        node = min(usable, key=lambda name: (bound.count(name), name))
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": pod["metadata"]["name"]},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        self.platform.admin.request(
+            "POST",
+            f"/api/v1/namespaces/{APPS}/pods/{pod['metadata']['name']}/binding",
+            body=binding,
+        )
+
     def _start(self, pod: dict[str, Any]) -> Pod:
         name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
+        if not pod.get("spec", {}).get("nodeName"):
+            self._schedule(pod)
         [container] = pod["spec"]["containers"]
         rendered = next(e["value"] for e in container["env"] if e["name"] == CONFIG_ENV)
         config = WorkerConfig.model_validate(
@@ -127,13 +170,14 @@ def final_counts(pods: InProcessPods) -> dict[str, int]:
     return state
 
 
-def active_holders(reader: ProgressReader, names: list[str], tasks: int) -> dict[int, str]:
-    """Per task, the instance whose current report says it holds it active."""
-    reports = reader.read(names, tasks)
+def active_holders(reader: ProgressReader, pods: InProcessPods, tasks: int) -> dict[int, str]:
+    """Per task, the running pod whose own report (its uid's) says it holds it active."""
+    uids = {name: pod.uid for name, pod in pods.pods.items()}
+    reports = reader.read(sorted(uids), tasks)
     return {
         task: name
         for (name, task), progress in reports.items()
-        if progress.report.role is ReportedRole.ACTIVE
+        if progress.report.role is ReportedRole.ACTIVE and progress.report.uid == uids[name]
     }
 
 

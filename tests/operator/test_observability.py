@@ -140,7 +140,7 @@ def test_a_topic_problem_does_not_stop_a_failover(
 
         def spread() -> bool:
             """each instance active on one task"""
-            return len(set(active_holders(reader, sorted(pods.pods), TASKS).values())) == 2
+            return len(set(active_holders(reader, pods, TASKS).values())) == 2
 
         run(controller, pods, spread)
         admin = AdminClient({"bootstrap.servers": kafka_front.bootstrap_servers})
@@ -157,7 +157,7 @@ def test_a_topic_problem_does_not_stop_a_failover(
 
         def every_task_active() -> bool:
             """every task active on a live instance"""
-            holders = active_holders(reader, sorted(pods.pods), TASKS)
+            holders = active_holders(reader, pods, TASKS)
             return set(holders) == set(range(TASKS)) and lost not in holders.values()
 
         run(controller, pods, every_task_active)

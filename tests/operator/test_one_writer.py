@@ -60,7 +60,7 @@ def test_a_pod_recreated_mid_hand_over_with_the_status_lost_does_not_inherit_its
 
         def first_holds_everything() -> bool:
             """app-0 active on every task"""
-            return active_holders(reader, [first], TASKS) == {0: first, 1: first}
+            return active_holders(reader, pods, TASKS) == {0: first, 1: first}
 
         run(operator, first_holds_everything)
         platform.admin.request(
@@ -91,11 +91,10 @@ def test_a_pod_recreated_mid_hand_over_with_the_status_lost_does_not_inherit_its
         def every_task_active() -> bool:
             """every task active on a current pod, no hand-over in flight"""
             ledger = restarted.ledger
-            live = sorted(pods.pods)
             return (
                 ledger is not None
                 and all(owner.handover is None for owner in ledger.tasks.values())
-                and set(active_holders(reader, live, TASKS)) == set(range(TASKS))
+                and set(active_holders(reader, pods, TASKS)) == set(range(TASKS))
             )
 
         run(restarted, every_task_active)
@@ -134,7 +133,7 @@ def test_two_operator_processes_acting_at_once_never_interleave_their_writes(
     try:
 
         def balanced() -> bool:
-            holders = active_holders(reader, sorted(pods.pods), TASKS)
+            holders = active_holders(reader, pods, TASKS)
             return len(set(holders.values())) == 2 and set(holders) == set(range(TASKS))
 
         scaled = False

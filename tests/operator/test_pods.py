@@ -18,6 +18,7 @@ from smoothscale.operator.pods import (
     PodSpecError,
     app_selector,
     build_pod,
+    disruption_budget,
     instance_name,
     instance_role,
     ordinal_of,
@@ -463,3 +464,44 @@ def test_the_example_app_builds_a_valid_pod() -> None:
     pod = build_pod(app(example), 0, OWNER_UID)
     kubernetes_validate.validate(pod, latest_version(), strict=True)
     assert env_of(pod)["SPARK_DRIVER_MEMORY"] == {"name": "SPARK_DRIVER_MEMORY", "value": "1g"}
+
+
+@pytest.mark.parametrize(
+    ("spread", "when"),
+    [(None, "ScheduleAnyway"), ("Preferred", "ScheduleAnyway"), ("Required", "DoNotSchedule")],
+)
+def test_instance_pods_spread_over_nodes(spread: str | None, when: str) -> None:
+    source = json.loads(json.dumps(FULL))
+    if spread is not None:
+        source["spec"]["nodeSpread"] = spread
+    [constraint] = build_pod(app(source), 0, "uid-1")["spec"]["topologySpreadConstraints"]
+
+    assert constraint == {
+        "maxSkew": 1,
+        "topologyKey": "kubernetes.io/hostname",
+        "whenUnsatisfiable": when,
+        "labelSelector": {
+            "matchLabels": {
+                "smoothscale.io/app": "counter",
+                "app.kubernetes.io/managed-by": "smoothscale",
+            }
+        },
+    }
+
+
+def test_a_spread_can_be_left_out() -> None:
+    source = json.loads(json.dumps(FULL))
+    source["spec"]["nodeSpread"] = "None"
+
+    assert "topologySpreadConstraints" not in build_pod(app(source), 0, "uid-1")["spec"]
+
+
+def test_the_disruption_budget_lets_no_instance_pod_be_evicted() -> None:
+    budget = disruption_budget(app(FULL), "uid-1")
+
+    assert budget["apiVersion"] == "policy/v1"
+    assert budget["spec"]["maxUnavailable"] == 0
+    selector = budget["spec"]["selector"]["matchLabels"]
+    pod = build_pod(app(FULL), 2, "uid-1")
+    assert selector.items() <= pod["metadata"]["labels"].items()
+    assert budget["metadata"]["ownerReferences"] == pod["metadata"]["ownerReferences"]

@@ -87,6 +87,8 @@ class History:
         self.processes: list[Process] = []
         self.records: list[str] = []
         self.pods = 0
+        self.slow: dict[str, int] = {}
+        """Feed steps a new owner sits out before it processes."""
         self.hook: Hook | None = None
         """Runs inside the next transaction of the task that writes a record of its kind."""
 
@@ -160,8 +162,12 @@ class History:
         zombie), some with their gap reads timing out."""
         holders = [p for p in self.processes if p.alive and TASK in p.instance.active_tasks()]
         # Not in lockstep: an owner and a zombie that process the same records change the same
-        # keys, which would hide what one of them does to the other's.
-        for process in [p for p in holders if self.rng.random() < 0.5] or holders[:1]:
+        # keys, which would hide what one of them does to the other's. A new owner may be slow
+        # to start processing, while the zombie it replaced goes on.
+        running = [p for p in holders if self.slow.get(p.name, 0) == 0]
+        for name in self.slow:
+            self.slow[name] = max(0, self.slow[name] - 1)
+        for process in [p for p in running if self.rng.random() < 0.6] or running[:1]:
             timeout = self.rng.random() < 0.25
             if timeout:
                 monkeypatch.setattr(instance_module, "GAP_READ_SECONDS", 0.0)
@@ -227,6 +233,7 @@ class History:
         self.log.append(f"fail over to {destination.name} @{self.epoch} (old owner not told)")
         self.assign(destination, self.epoch, None)
         self.owner = destination
+        self.slow[destination.name] = self.rng.randint(0, 3)
         self.settle(destination)
 
     def bump_epoch(self) -> None:
@@ -254,8 +261,9 @@ class History:
         self.log.append(f"race {first.name}@{epochs[0]} / {second.name}@{epochs[1]}")
 
         def second_activates() -> None:
+            # While the first's marker transaction is open: the second restores through it.
             self.assign(second, epochs[1], None)
-            second.instance.tick()
+            self.settle(second)
 
         self.hook = Hook("marker", second_activates)
         self.assign(first, epochs[0], None)
@@ -284,7 +292,9 @@ class History:
         self.epoch += 1
         self.assign(destination, self.epoch, None)
         self.owner = destination
-        destination.instance.tick()
+        self.slow[destination.name] = self.rng.randint(0, 3)
+        # While the old owner's transaction is open: the new marker lands inside it.
+        self.settle(destination)
 
     def die_mid_batch(self) -> None:
         """The next batch dies with its transaction open, all but its closer in the log."""

@@ -74,6 +74,9 @@ each rule). `peeringResource` is kopfpeerings (namespaced) or clusterkopfpeering
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["list"]
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["create"]
 {{- if .root.Values.peering.enabled }}
 - apiGroups: ["kopf.dev"]
   resources: [{{ .peeringResource | quote }}]

@@ -668,6 +668,14 @@ class ScalingSpec(ApiModel):
     before moving its tasks anyway (with a Warning event)."""
 
 
+class NodeSpread(StrEnum):
+    """How the instance pods spread over nodes."""
+
+    PREFERRED = "Preferred"
+    REQUIRED = "Required"
+    NONE = "None"
+
+
 class StreamingAppSpec(ApiModel):
     """The desired state of a StreamingApp; the operator never writes it."""
 
@@ -697,11 +705,17 @@ class StreamingAppSpec(ApiModel):
     """Node labels an instance pod's node must have."""
     tolerations: Annotated[list[Toleration] | None, Field(max_length=64)] = None
     """Taints the instance pods tolerate."""
+    node_spread: NodeSpread = NodeSpread.PREFERRED
+    """How the instance pods spread over nodes (a topology spread constraint on
+    kubernetes.io/hostname, max skew 1): Preferred (ScheduleAnyway), Required (DoNotSchedule)
+    or None. A node lost at once takes with it the tasks of the instances on it: spread, and
+    with numStandbyReplicas a standby elsewhere, bound that loss (docs/disruptions.md)."""
     termination_grace_period_seconds: Annotated[int, Field(strict=True, ge=0, le=86_400)] | None = (
         None
     )
     """Seconds a pod gets to stop after SIGTERM (default 30). The operator drains an instance
-    before deleting it, so this only bounds the final commit."""
+    before deleting it, so this only bounds the final commit; a pod deleted or evicted by
+    someone else goes on processing while its tasks are handed over, for half of it."""
     pipeline: PipelineSpec
     """The pipeline every instance runs."""
     kafka: KafkaSpec

@@ -1,15 +1,17 @@
-"""What the operator observes of an app in Kubernetes: its instance pods and its Secrets.
+"""What the operator observes of an app in Kubernetes: its instance pods, the nodes they run
+on, and its Secrets.
 
 Kafka is observed through smoothscale.kafka.progress (the reports and changelog ends) and
 smoothscale.operator.topics (the topics); this module reads the pods, one list request per poll
-with the app's label selector, and the Secrets the app names, only those the platform labelled.
+with the app's label selector, the nodes (which of them are being drained), and the Secrets the
+app names, only those the platform labelled.
 """
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from smoothscale.kubeapi import KubeApi
+from smoothscale.kubeapi import KubeApi, KubeApiError
 from smoothscale.operator.pods import app_selector, ordinal_of
 
 JsonObject = dict[str, Any]
@@ -25,7 +27,10 @@ class PodView:
     """The pod's ordinal (from its name), None for a pod whose name is not an instance name."""
     ready: bool
     terminating: bool
-    """Being deleted (deletionTimestamp set): it is stopping and no longer an instance."""
+    """Being deleted (deletionTimestamp set): its process has been told to stop, and stops
+    once its tasks are handed over or its grace period runs out."""
+    node: str | None = None
+    """The node it is bound to (spec.nodeName), None while it is not scheduled."""
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     restarts: int = 0
@@ -56,6 +61,7 @@ class PodView:
             restarts=restarts,
             crash=_crash(status),
             failed=_failed(status),
+            node=(pod.get("spec") or {}).get("nodeName") or None,
         )
 
 
@@ -98,6 +104,39 @@ def observe_pods(kube: KubeApi, namespace: str, app_name: str) -> dict[str, PodV
     )
     pods = (PodView.of(item) for item in listing.get("items") or [])
     return {pod.name: pod for pod in pods}
+
+
+DRAIN_TAINTS = frozenset(
+    {
+        "node.kubernetes.io/unschedulable",  # kubectl cordon / drain (with the taint manager)
+        "karpenter.sh/disrupted",  # Karpenter: consolidation, drift, expiry
+        "ToBeDeletedByClusterAutoscaler",  # the cluster autoscaler's scale-down
+    }
+)
+"""Taints that announce a node's pods are about to be evicted: besides `kubectl cordon`
+(spec.unschedulable), what the node autoscalers put on a node before they drain it."""
+
+
+def draining_nodes(kube: KubeApi) -> dict[str, str] | None:
+    """The nodes being drained, with why (one list request): cordoned, or tainted by a node
+    autoscaler before it evicts their pods. None when the operator may not read nodes (the
+    chart grants it; without it, a drain's evictions wait on the PodDisruptionBudget alone)."""
+    try:
+        listing = kube.request("GET", "/api/v1/nodes")
+    except KubeApiError as error:
+        if error.status in (401, 403):
+            return None
+        raise
+    draining: dict[str, str] = {}
+    for node in listing.get("items") or []:
+        name = str((node.get("metadata") or {}).get("name", ""))
+        spec = node.get("spec") or {}
+        taints = [t.get("key") for t in spec.get("taints") or [] if t.get("key") in DRAIN_TAINTS]
+        if spec.get("unschedulable"):
+            draining[name] = "cordoned"
+        elif taints:
+            draining[name] = f"tainted {taints[0]}"
+    return draining
 
 
 def secrets_path(namespace: str) -> str:

@@ -21,7 +21,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from smoothscale.api.models import API_VERSION, KIND, StreamingApp, application_id
+from smoothscale.api.models import API_VERSION, KIND, NodeSpread, StreamingApp, application_id
 from smoothscale.operator.kafka_client import security_settings
 from smoothscale.runtime.config import (
     CONFIG_ENV,
@@ -206,6 +206,45 @@ def pod_template_hash(app: StreamingApp) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
+def _owned_by(app: StreamingApp, owner_uid: str) -> list[JsonObject]:
+    return [
+        {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": app.name,
+            "uid": owner_uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+
+
+def _app_pods(app: StreamingApp) -> JsonObject:
+    """A label selector of the app's instance pods (a PodDisruptionBudget's, a spread's)."""
+    return {"matchLabels": {APP_LABEL: app.name, "app.kubernetes.io/managed-by": MANAGED_BY}}
+
+
+def disruption_budgets_path(namespace: str) -> str:
+    return f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets"
+
+
+def disruption_budget(app: StreamingApp, owner_uid: str) -> JsonObject:
+    """The app's policy/v1 PodDisruptionBudget, owned by the StreamingApp: no instance pod may
+    be evicted (maxUnavailable 0). A drain (`kubectl drain`, a node autoscaler) then waits,
+    retrying, while the operator moves each pod's state off its node by warm-ups and
+    hand-overs and deletes the pod itself; the eviction API never kills an active owner."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": app.name,
+            "labels": {APP_LABEL: app.name, "app.kubernetes.io/managed-by": MANAGED_BY},
+            "ownerReferences": _owned_by(app, owner_uid),
+        },
+        "spec": {"maxUnavailable": 0, "selector": _app_pods(app)},
+    }
+
+
 def build_pod(
     app: StreamingApp, ordinal: int, owner_uid: str, base_port: int = BASE_PORT
 ) -> JsonObject:
@@ -235,6 +274,17 @@ def build_pod(
         pod_spec["serviceAccountName"] = spec.service_account_name
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if spec.node_spread is not NodeSpread.NONE:
+        pod_spec["topologySpreadConstraints"] = [
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "DoNotSchedule"
+                if spec.node_spread is NodeSpread.REQUIRED
+                else "ScheduleAnyway",
+                "labelSelector": _app_pods(app),
+            }
+        ]
     if spec.tolerations:
         pod_spec["tolerations"] = [toleration.to_kubernetes() for toleration in spec.tolerations]
     return {
@@ -245,16 +295,7 @@ def build_pod(
             "namespace": app.namespace,
             "labels": pod_labels(app.name, name, InstanceRole.IDLE),
             "annotations": {TEMPLATE_HASH_ANNOTATION: pod_template_hash(app)},
-            "ownerReferences": [
-                {
-                    "apiVersion": API_VERSION,
-                    "kind": KIND,
-                    "name": app.name,
-                    "uid": owner_uid,
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
+            "ownerReferences": _owned_by(app, owner_uid),
         },
         "spec": pod_spec,
     }

@@ -58,7 +58,13 @@ from smoothscale.operator.handover import (
 from smoothscale.operator.kafka_client import MissingSecretError, client_config, lookup_in
 from smoothscale.operator.ledger import LedgerRecord, OperatorFenced, rebuild
 from smoothscale.operator.metrics import OperatorMetrics, TaskLag
-from smoothscale.operator.observe import PodView, observe_pods, observe_secrets, pods_path
+from smoothscale.operator.observe import (
+    PodView,
+    draining_nodes,
+    observe_pods,
+    observe_secrets,
+    pods_path,
+)
 from smoothscale.operator.pods import (
     BASE_PORT,
     ROLE_LABEL,
@@ -66,6 +72,8 @@ from smoothscale.operator.pods import (
     PodSpecError,
     app_selector,
     build_pod,
+    disruption_budget,
+    disruption_budgets_path,
     instance_name,
     instance_role,
     pod_template_hash,
@@ -173,6 +181,8 @@ class AppController:
         self._heartbeats = Heartbeats()
         self._rolling = False
         """A rolling update was seen under way (for the RolledOut Event)."""
+        self._budget_created = False
+        self._nodes_unreadable = False
         self._problems: tuple[Problem, ...] = ()
         self._previous: StreamingAppStatus | None = None
 
@@ -244,13 +254,16 @@ class AppController:
         # missing ones first: a pod is an instance from the moment it exists, so its warm-ups
         # start while its Spark session starts.
         pods = self._delete_failed(observe_pods(self.kube, self.namespace, self.name))
-        roll = self._roll(app, desired, pods)
+        self._ensure_disruption_budget(app)
+        roll = self._roll(app, desired, pods, self._on_draining_nodes(pods))
         try:
             pods = self._create_missing_pods(app, desired + (1 if roll.surge else 0), pods)
         except PodSpecError as error:
             problem = Problem("InvalidPodSpec", f"no instance pod can be built: {error}")
             return self._degraded(app, generation, now, [problem, *problems])
-        live = {name: pod for name, pod in pods.items() if not pod.terminating}
+        # A pod deleted with a grace period (by a person, or evicted) is still an instance: it
+        # drains, its process serving until its tasks are handed over (or its grace runs out).
+        live = dict(pods)
         problems += _crash_problems(self.namespace, live)
         statuses = self._instance_statuses(live, desired, scaling, now, roll)
         self._track_scaling(desired, now)
@@ -299,7 +312,7 @@ class AppController:
         if _all_active(result.ledger, progress):
             # A drained pod goes only once every task it gave away runs on its new owner.
             for instance in result.drained:
-                self._delete_drained(instance)
+                self._delete_drained(instance, live)
         self._label_pods(live, result.ledger)
 
         # Record.
@@ -389,13 +402,56 @@ class AppController:
         self.ledger = None
         return self._kafka
 
-    def _roll(self, app: StreamingApp, desired: int, pods: Mapping[str, PodView]) -> "_Roll":
-        """The rolling update, derived from the pods alone (so it survives an operator restart
-        or a lost status): while a pod among the desired ones runs an older pod template, one
-        surge instance (ordinal `desired`) runs beside them, and once every pod is ready and
-        none drains, the highest outdated one drains: its tasks warm up elsewhere (the surge
-        first, as it holds least) and move once caught up; the drained pod is deleted and
-        re-created from the current template. One pod at a time."""
+    def _on_draining_nodes(self, pods: Mapping[str, PodView]) -> dict[str, str]:
+        """The app's pods on nodes being drained (cordoned, or tainted by a node autoscaler),
+        with why: each is replaced by a rolling update, its tasks moving by hand-overs before
+        it goes, while the PodDisruptionBudget holds the drain's evictions back."""
+        draining = draining_nodes(self.kube)
+        if draining is None:
+            if not self._nodes_unreadable:
+                self._nodes_unreadable = True
+                self.events(
+                    "Warning",
+                    "NodesNotReadable",
+                    "the operator may not list nodes: a node drain's evictions wait on the "
+                    "app's PodDisruptionBudget, but its pods are not moved off the node first; "
+                    "grant list on nodes (the chart does)",
+                )
+            return {}
+        return {
+            name: f"its node {pod.node} is being drained ({draining[pod.node]})"
+            for name, pod in pods.items()
+            if pod.node in draining and not pod.terminating
+        }
+
+    def _ensure_disruption_budget(self, app: StreamingApp) -> None:
+        """The app's PodDisruptionBudget, created once: no eviction of an instance pod is
+        allowed, so a drain waits while the operator moves the pod's state off it and deletes
+        the pod itself (the pattern of CloudNativePG and Strimzi: block, move, release)."""
+        if self._budget_created:
+            return
+        budget = disruption_budget(app, str(app.metadata.get("uid", "")))
+        try:
+            self.kube.request("POST", disruption_budgets_path(self.namespace), body=budget)
+        except KubeApiError as error:
+            if error.status != 409:  # already there
+                raise
+        self._budget_created = True
+
+    def _roll(
+        self,
+        app: StreamingApp,
+        desired: int,
+        pods: Mapping[str, PodView],
+        on_draining_nodes: Mapping[str, str],
+    ) -> "_Roll":
+        """The rolling update, derived from the pods and nodes alone (so it survives an
+        operator restart or a lost status): while a pod among the desired ones runs an older
+        pod template, or sits on a node being drained, one surge instance (ordinal `desired`)
+        runs beside them, and once every pod is ready and none drains, the highest of those
+        pods drains: its tasks warm up elsewhere (the surge first, as it holds least) and move
+        once caught up; the drained pod is deleted and re-created (from the current template,
+        on a node the scheduler still uses). One pod at a time."""
         template = pod_template_hash(app)
         outdated = sorted(
             (pod.ordinal, name)
@@ -403,7 +459,10 @@ class AppController:
             if pod.ordinal is not None
             and pod.ordinal < desired
             and not pod.terminating
-            and pod.annotations.get(TEMPLATE_HASH_ANNOTATION) != template
+            and (
+                pod.annotations.get(TEMPLATE_HASH_ANNOTATION) != template
+                or name in on_draining_nodes
+            )
         )
         if not outdated:
             if self._rolling:
@@ -422,11 +481,15 @@ class AppController:
         )
         if not calm:
             return _Roll(surge=True, replacing=None)
+        if target in on_draining_nodes:
+            reason, why = "NodeDrain", on_draining_nodes[target]
+        else:
+            reason, why = "RollingUpdate", "its pod template is out of date"
         self.events(
             "Normal",
-            "RollingUpdate",
-            f"replacing {target} (its pod template is out of date, {len(outdated)} to go): "
-            f"its tasks warm up on the others and move once caught up, then it is re-created",
+            reason,
+            f"replacing {target} ({why}, {len(outdated)} to go): its tasks warm up on the "
+            "others and move once caught up, then it is re-created",
         )
         return _Roll(surge=True, replacing=target)
 
@@ -447,7 +510,12 @@ class AppController:
             self._forced.discard(name)
         statuses = {}
         for name, pod in sorted(live.items()):
-            draining = pod.ordinal is None or pod.ordinal >= instances or name == roll.replacing
+            draining = (
+                pod.ordinal is None
+                or pod.ordinal >= instances
+                or name == roll.replacing
+                or pod.terminating
+            )
             if not draining:
                 self._draining_since.pop(name, None)
                 self._forced.discard(name)
@@ -534,7 +602,10 @@ class AppController:
             pods[name] = replace(pod, terminating=True)
         return pods
 
-    def _delete_drained(self, instance: str) -> None:
+    def _delete_drained(self, instance: str, pods: Mapping[str, PodView]) -> None:
+        pod = pods.get(instance)
+        if pod is not None and pod.terminating:
+            return  # deleted already: its process stops now that it holds nothing
         self._delete_pod(instance)
         self._deleted.add(instance)
         self.events("Normal", "Drained", f"{instance} holds no task any more: deleted its pod")

@@ -312,13 +312,16 @@ def run_worker(config: WorkerConfig) -> int:
             time.sleep(TICK_SECONDS)
         reason = "its pod replaced" if instance.replaced else stop.signal
         log.info("instance %s stopping: %s", config.instance_id, reason)
+        if not instance.replaced:
+            wait_for_hand_overs(instance, config.shutdown_timeout / 2)
     finally:
         metrics.set_ready(False)
-        released = instance.shutdown(config.shutdown_timeout)
+        budget = config.shutdown_timeout / 2
+        released = instance.shutdown(budget)
         if not released:
             log.error(
                 "a micro-batch did not finish within %s s: exiting without releasing tasks",
-                config.shutdown_timeout,
+                budget,
             )
         if query is not None:
             query.stop()
@@ -328,6 +331,23 @@ def run_worker(config: WorkerConfig) -> int:
         shutil.rmtree(checkpoint, ignore_errors=True)
     log.info("instance %s stopped", config.instance_id)
     return 0
+
+
+def wait_for_hand_overs(instance: Instance, window: float) -> None:
+    """On SIGTERM, go on processing while the operator hands this instance's active tasks over
+    (it drains a pod being deleted or evicted with a grace period as it drains one it scales
+    in), for at most `window` seconds; whatever is still held then is released. An instance
+    the operator drained before deleting it holds nothing and stops at once."""
+    deadline = time.monotonic() + window
+    while instance.active_tasks() and time.monotonic() < deadline:
+        instance.tick()
+        time.sleep(TICK_SECONDS)
+    if instance.active_tasks():
+        log.info(
+            "tasks %s not handed over within %.0f s: releasing them",
+            instance.active_tasks(),
+            window,
+        )
 
 
 def _warm_up(instance: Instance, query: "StreamingQuery") -> None:
