@@ -168,17 +168,31 @@ class History:
         for name in self.slow:
             self.slow[name] = max(0, self.slow[name] - 1)
         for process in [p for p in running if self.rng.random() < 0.6] or running[:1]:
-            timeout = self.rng.random() < 0.25
+            self._run_batch(process, monkeypatch)
+
+    def _run_batch(self, process: Process, monkeypatch: pytest.MonkeyPatch) -> None:
+        """One micro-batch of `process`, maybe with its gap reads timing out."""
+        timeout = self.rng.random() < 0.25
+        if timeout:
+            monkeypatch.setattr(instance_module, "GAP_READ_SECONDS", 0.0)
+        try:
+            feed(process.instance, limit=self.rng.randint(1, 4))
+        except Died:
+            self.log.append(f"{process.name} died mid-batch")
+            self.kill(process)
+        finally:
             if timeout:
-                monkeypatch.setattr(instance_module, "GAP_READ_SECONDS", 0.0)
-            try:
-                feed(process.instance, limit=self.rng.randint(1, 4))
-            except Died:
-                self.log.append(f"{process.name} died mid-batch")
-                self.kill(process)
-            finally:
-                if timeout:
-                    monkeypatch.setattr(instance_module, "GAP_READ_SECONDS", 5.0)
+                monkeypatch.setattr(instance_module, "GAP_READ_SECONDS", 5.0)
+
+    def zombies_run(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Only the processes that hold the task without being its owner run a batch: a zombie
+        goes on while the new owner is still slow to start."""
+        owner = self.owner
+        for process in self.processes:
+            if process is owner or not process.alive:
+                continue
+            if TASK in process.instance.active_tasks():
+                self._run_batch(process, monkeypatch)
 
     def kill(self, process: Process) -> None:
         """The process stops at once: no release, no report (its transaction may stay open)."""
@@ -379,7 +393,7 @@ def hooked(history: History, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         hook = history.hook
         if hook is not None and hook.where == where and producer.task == TASK:
             history.hook = None
-            producer._producer.flush(10)
+            producer._flush()
             hook.action()
 
     def with_hook(producer: TaskProducer, topic: str, **record: Any) -> None:
@@ -411,6 +425,7 @@ def hooked(history: History, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 STEPS: list[tuple[str, int]] = [
     ("produce", 6),
     ("feed", 8),
+    ("zombies_run", 3),
     ("hand_over", 2),
     ("fail_over", 2),
     ("bump_epoch", 1),
@@ -448,7 +463,7 @@ def run_history(
                     step = "fail_over"
                 steps.append(step)
                 method: Callable[..., None] = getattr(history, step)
-                if step == "feed":
+                if step in ("feed", "zombies_run"):
                     method(monkeypatch)
                 else:
                     method()

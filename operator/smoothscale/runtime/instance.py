@@ -175,6 +175,8 @@ class _Marked:
 class _Activation:
     epoch: int
     targets: dict[str, int] | None
+    producer: TaskProducer | None = None
+    """The task's producer, initialised at once for a failover (see `Instance._apply`)."""
     marked: _Marked | None = None
 
     def waits_for(self) -> dict[str, int]:
@@ -184,6 +186,8 @@ class _Activation:
     def close(self) -> None:
         if self.marked is not None:
             self.marked.producer.close()
+        elif self.producer is not None:
+            self.producer.close()
 
 
 class Instance:
@@ -814,20 +818,30 @@ class Instance:
         for task, held in sorted(wanted.items()):
             if task in self._active:
                 continue
+            activation = self._activating.get(task)
+            starts = held.role is TaskRole.ACTIVE and (
+                activation is None or activation.epoch != held.epoch
+            )
+            producer = None
+            if starts and held.restore_until is None:
+                # A failover: the previous owner may have died, or live on, in the middle of a
+                # transaction, which read_committed restores cannot read past until it ends (on
+                # Kafka, at its timeout). Initialising the task's producer first, before
+                # anything of the task is read, aborts it, and fences the previous owner if it
+                # lives on.
+                producer = TaskProducer(self.config, task, held.epoch)
             if task not in followed:
                 self._restore.follow(self._open_state(task))
-            if held.role is TaskRole.ACTIVE:
-                activation = self._activating.get(task)
-                if activation is None or activation.epoch != held.epoch:
-                    if activation is not None:
-                        activation.close()
-                    targets = held.restore_until
-                    if targets is None:
-                        targets = end_offsets(
-                            self._offsets, self.config.changelog_topics(), task, timeout=10
-                        )
-                    self._activating[task] = _Activation(held.epoch, dict(targets))
-            elif task in self._activating:
+            if starts:
+                if activation is not None:
+                    activation.close()
+                targets = held.restore_until
+                if targets is None:
+                    targets = end_offsets(
+                        self._offsets, self.config.changelog_topics(), task, timeout=10
+                    )
+                self._activating[task] = _Activation(held.epoch, dict(targets), producer)
+            elif held.role is not TaskRole.ACTIVE and activation is not None:
                 self._activating.pop(task).close()
         self._report()
 
@@ -898,7 +912,7 @@ class Instance:
                     self._refuse(task, activation.epoch, seen, state.positions())
                 else:
                     try:
-                        activation.marked = self._mark(task, activation.epoch, state)
+                        activation.marked = self._mark(task, activation, state)
                     except ProducerFenced as fenced:
                         del self._activating[task]
                         self._lose_activation(task, activation, state, f"{fenced}; not taking it")
@@ -983,12 +997,14 @@ class Instance:
         )
         self._report()
 
-    def _mark(self, task: TaskId, epoch: int, state: TaskState) -> _Marked:
+    def _mark(self, task: TaskId, activation: _Activation, state: TaskState) -> _Marked:
         """Write the new writer's epoch marker to every store's changelog partition. Whatever
         an older owner committed before it becomes part of the state (every later restore
         applies it too); whatever it commits after it is ignored."""
+        epoch = activation.epoch
         writer = Writer.next_after(epoch, state.highest_writer())
-        producer = TaskProducer(self.config, task, epoch)
+        producer = activation.producer or TaskProducer(self.config, task, epoch)
+        activation.producer = None  # the marked activation owns it from here
         markers = {store: [marker(writer, self.config.instance_id)] for store in state.stores}
         try:
             for _ in range(MARKER_ATTEMPTS - 1):

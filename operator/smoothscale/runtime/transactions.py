@@ -127,7 +127,7 @@ class TaskProducer:
                 )
             if also is not None:
                 also(self._producer)
-            if self._producer.flush(self._timeout):
+            if self._flush():
                 raise TransactionError(f"task {self.task}: records not delivered in time")
             if failures:
                 raise _failed(self.task, "Kafka refused a record", failures[0])
@@ -141,6 +141,19 @@ class TaskProducer:
             raise _failed(self.task, "the transaction failed", cause) from error
         self.delivered_offsets = {store: sorted(found) for store, found in offsets.items()}
         return delivered
+
+    def _flush(self) -> int:
+        """Deliver what is queued; the records not delivered in time. When Kafka fences the
+        producer, the client raises the fatal error from inside its delivery callbacks, and the
+        next callback turns it into a SystemError: the KafkaException behind it is raised."""
+        try:
+            remaining: int = self._producer.flush(self._timeout)
+        except SystemError as error:
+            behind = error.__cause__ or error.__context__
+            if isinstance(behind, KafkaException):
+                raise behind from error
+            raise
+        return remaining
 
     def _produce(
         self,
@@ -172,7 +185,10 @@ class TaskProducer:
             self._producer.abort_transaction(self._timeout)
 
     def close(self) -> None:
-        self._producer.flush(self._timeout)
+        # A producer Kafka fenced (or failed fatally) raises from flush: nothing of it is left
+        # to deliver, and closing it must not fail whoever lets it go.
+        with contextlib.suppress(KafkaException):
+            self._producer.flush(self._timeout)
 
 
 def _failed(task: TaskId, what: str, error: object) -> TransactionError:
