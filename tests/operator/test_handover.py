@@ -14,8 +14,11 @@ is fenced by the first higher writer its batch finds before it; a revoked active
 `release_delay` polls (a micro-batch in flight). Warm-ups and standbys restore a fixed number of
 changelog records per poll. Reports are committed per (pod name, task), each commit replacing
 only the tasks it reports, so a pod's old reports and those of another process of its name
-stay until overwritten. A pod can be deleted with its process, or deleted by force with its
-process living on beside the pod the operator re-creates under its name.
+stay until overwritten; a pod reports every `report_every` polls, and at once where the runtime
+does (an assignment applied, a release, a refusal, an activation won or lost, a batch). One
+place is kinder than instance.py on purpose, and only where it would leave a hand-over waiting
+forever: see `Cluster.keeps_fenced`. A pod can be deleted with its process, or deleted by
+force with its process living on beside the pod the operator re-creates under its name.
 
 The operator is driven as `AppController.poll` drives it (smoothscale.operator.reconcile): its
 memory kept between polls, else rebuilt (`rebuild`) from the ledger and assignments in Kafka
@@ -35,6 +38,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import count
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -64,8 +68,9 @@ STATE_SIZE = 1_000
 BATCH = 10
 """Changelog records an active commits per poll."""
 STORE = "counts"
-EXAMPLES = int(os.environ.get("HANDOVER_EXAMPLES", "60"))
-"""Examples per property test (HANDOVER_EXAMPLES=2000 for a longer search)."""
+EXAMPLES = int(os.environ.get("HANDOVER_EXAMPLES", "100"))
+"""Examples of the scaling property test; the faults one runs three times as many (set
+HANDOVER_EXAMPLES=2000 for a longer search)."""
 
 
 @dataclass
@@ -136,6 +141,8 @@ class Process:
     """It saw its name given to another pod: it holds, commits and reports nothing more."""
     lives: int | None = None
     """For a process whose pod is gone: polls until it dies (None: until it steps down)."""
+    phase: int = 0
+    """When in the report interval its periodic report goes out."""
 
 
 @dataclass
@@ -152,6 +159,15 @@ class Cluster:
     quick_activations: bool = False
     """Whether an activation may take two steps in one poll (the runtime waits for a target or
     marker just ahead of what it has read within the tick)."""
+    keeps_fenced: bool = True
+    """Whether a pod keeps reporting a task `fenced` after an assignment that no longer gives
+    it the task, as it keeps reporting a release. instance.py does not (`_apply` clears every
+    fenced report, and `_fence` reports nothing at once): a source fenced just before the
+    operator took the task from it on its last `active` report never reports the task again,
+    and the hand-over waits for its release forever (see the test marked xfail below)."""
+    report_every: int = 1
+    """A pod's periodic report goes out every this many polls (report_interval against the
+    operator's poll interval); some events are reported at once, as the runtime does."""
     config: PlannerConfig = CONFIG
     pods: dict[str, str] = field(default_factory=dict)
     """The live pods, name -> uid: what the operator observes."""
@@ -189,9 +205,10 @@ class Cluster:
 
     def start(self, *names: str) -> None:
         for name in names:
-            uid = f"{name}-{next(self.uids)}"
+            number = next(self.uids)
+            uid = f"{name}-{number}"
             self.pods[name] = uid
-            self.processes.append(Process(name, uid))
+            self.processes.append(Process(name, uid, phase=number))
 
     def kill(self, name: str, lives: int | None = 0) -> None:
         """The pod `name` is gone; its process dies with it (`lives` 0) or lives on that many
@@ -355,7 +372,8 @@ class Cluster:
         if self.quick_activations:
             self._step_activations(process)
         self._batch(process)
-        self._report(process)
+        if (self.polls + process.phase) % self.report_every == 0:
+            self._report(process)
 
     def _follow_assignments(self, process: Process) -> None:
         """`AssignmentFollower.poll`: the newest record meant for this pod, or that another pod
@@ -380,7 +398,9 @@ class Cluster:
         for task in set(process.released) & set(wanted):
             if process.released[task].generation < assignment.generation:
                 del process.released[task]
-        process.refused, process.fenced = {}, {}
+        process.refused = {}
+        kept = process.fenced if self.keeps_fenced else {}
+        process.fenced = {task: report for task, report in kept.items() if task not in wanted}
         for task, active in sorted(process.active.items()):
             held = wanted.get(task)
             if held is None or held.role is not TaskRole.ACTIVE:
@@ -427,6 +447,7 @@ class Cluster:
                     process.refused[task] = self._report_of(
                         process, task, ReportedRole.REFUSED, activation.epoch, seen.epoch
                     )
+                    self._report(process)
                     continue
                 session = 0 if seen is None else seen.session + 1
                 writer = Writer(activation.epoch, session, next(self.nonces))
@@ -439,19 +460,26 @@ class Cluster:
                 process.fenced[task] = self._report_of(
                     process, task, ReportedRole.FENCED, activation.epoch, seen.epoch
                 )
+                self._report(process)
                 continue
             process.followed.discard(task)
             process.active[task] = Active(activation.marker)
+            self._report(process)
 
     def _batch(self, process: Process) -> None:
         """A micro-batch: each active task commits a transaction, then checks that no higher
-        writer came before it (`_verify`); a revoked one is released once its batch is done."""
+        writer came before it (`_verify`); a revoked one is released once its batch is done.
+        Reported when a task committed (`commit_batch`); a task fenced alone is reported only
+        by the next periodic report (`_fence` reports nothing itself)."""
+        committed = False
         for task, active in sorted(process.active.items()):
             if active.release_in == 0:
                 del process.active[task]
-                process.released[task] = self._report_of(
+                released = self._report_of(
                     process, task, ReportedRole.RELEASED, active.writer.epoch
                 )
+                process.released[task] = released
+                self.reports[(process.name, task)] = (released, None)
                 if task in process.assignment.tasks:
                     process.followed.add(task)
                 continue
@@ -466,6 +494,10 @@ class Cluster:
             highest = changelog.highest()
             if highest is not None and highest > active.writer:
                 self._fence(process, task, highest.epoch)
+            else:
+                committed = True
+        if committed:
+            self._report(process)
 
     def _fence(self, process: Process, task: TaskId, seen_epoch: int | None) -> None:
         """`Instance._fence`: stop the task, drop its (stale) store, report it fenced."""
@@ -589,9 +621,13 @@ class Cluster:
         )
 
     def run_until_settled(self, max_polls: int = 60) -> int:
+        """Polls until nothing changes for as long as it takes every pod to apply and report."""
+        quiet = 0
         for polls in range(1, max_polls + 1):
             result = self.poll()
-            if not (result.writes or result.plan.moves or result.drained or self.busy()):
+            moving = result.writes or result.plan.moves or result.drained or self.busy()
+            quiet = 0 if moving else quiet + 1
+            if quiet >= max(self.report_every, self.apply_every):
                 return polls
         raise AssertionError(f"not settled after {max_polls} polls: {self.actives()}")
 
@@ -864,6 +900,41 @@ def test_an_activation_that_finds_a_higher_marker_before_its_own_is_fenced_not_a
     cluster.check_settled()
 
 
+def _fenced_just_before_its_hand_over(keeps_fenced: bool) -> Cluster:
+    """a owns the one task and drains; b warms it up. A writer a does not know of marks the
+    task just before the operator takes it from a: a's next batch finds the marker and stops
+    the task, but a's last report, `active`, is the one the operator sees when it begins the
+    hand-over (a reports every other poll)."""
+    cluster = Cluster(tasks=1, report_every=2, keeps_fenced=keeps_fenced)
+    cluster.start("a")
+    cluster.run_until_settled()
+    cluster.start("b")
+    cluster.draining.add("a")
+    cluster.poll()
+    cluster.poll()
+    cluster.zombie_marker(0, epoch=3)
+    return cluster
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="instance.py clears a fenced report at the next assignment: the hand-over from the "
+    "fenced source never ends (keeps_fenced=False plays the runtime as it is)",
+)
+def test_a_source_fenced_before_its_hand_over_began_as_the_runtime_is_never_ends_it() -> None:
+    cluster = _fenced_just_before_its_hand_over(keeps_fenced=False)
+    cluster.run_until_settled()
+
+
+def test_a_source_fenced_before_its_hand_over_began_fails_the_task_over_above_the_marker() -> None:
+    cluster = _fenced_just_before_its_hand_over(keeps_fenced=True)
+    cluster.run_until_settled()
+    assert any(o.handover for h in cluster.history for o in h.ledger.tasks.values())
+    assert cluster.ledger is not None
+    assert cluster.ledger.tasks[0].epoch == 4
+    cluster.check_settled()
+
+
 def test_a_recreated_pod_starts_as_a_new_instance_and_its_tasks_fail_over() -> None:
     cluster = Cluster(tasks=2)
     cluster.start("a", "b")
@@ -1114,7 +1185,7 @@ def _inject(cluster: Cluster, fault: Fault) -> int | None:
     return None
 
 
-@settings(max_examples=EXAMPLES, deadline=None)
+@settings(max_examples=3 * EXAMPLES, deadline=None)
 @given(
     tasks=st.integers(1, 8),
     pods=st.integers(1, 4),
@@ -1123,6 +1194,7 @@ def _inject(cluster: Cluster, fault: Fault) -> int | None:
     catch_up_per_poll=st.sampled_from([150, 400, 2_000]),
     kafka_fences=st.booleans(),
     quick_activations=st.booleans(),
+    report_every=st.integers(1, 4),
     schedule=st.lists(st.tuples(st.integers(0, 30), faults), max_size=6),
 )
 def test_processes_that_outlive_their_pods_and_slow_activations_never_make_two_owners(
@@ -1133,6 +1205,7 @@ def test_processes_that_outlive_their_pods_and_slow_activations_never_make_two_o
     catch_up_per_poll: int,
     kafka_fences: bool,
     quick_activations: bool,
+    report_every: int,
     schedule: list[tuple[int, Fault]],
 ) -> None:
     """Faults at any poll, while activations are under way: pods deleted by force whose process
@@ -1148,6 +1221,7 @@ def test_processes_that_outlive_their_pods_and_slow_activations_never_make_two_o
         catch_up_per_poll=catch_up_per_poll,
         kafka_fences=kafka_fences,
         quick_activations=quick_activations,
+        report_every=report_every,
     )
     cluster.start(*(f"i{n}" for n in range(pods)))
     last = max((at for at, _fault in schedule), default=0)
