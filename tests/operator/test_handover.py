@@ -935,6 +935,32 @@ def test_a_source_fenced_before_its_hand_over_began_fails_the_task_over_above_th
     cluster.check_settled()
 
 
+def test_after_a_restart_a_report_made_before_the_pods_newest_assignment_still_counts() -> None:
+    # Pod a-1 got its first assignment at generation 1. At generation 3 it held task 0 active
+    # at epoch 2; the operator, not knowing a marker above it had fenced it, began handing the
+    # task over to b at generation 4, which a has not applied yet. The operator restarts with
+    # its status lost, then a's report of generation 3 arrives: the task is not a's any more.
+    ledger = Ledger(
+        generation=4,
+        tasks={0: Ownership(epoch=2, handover=HandOver("a", "b"))},
+        assignments={
+            "a": Assignment(generation=4, uid="a-1"),
+            "b": Assignment(
+                generation=4, uid="b-1", tasks={0: TaskAssignment(role=TaskRole.WARMUP, epoch=2)}
+            ),
+        },
+        joined={"a": 1, "b": 2},
+    )
+    rebuilt = rebuild(None, ledger, dict(ledger.assignments), {})
+    assert rebuilt.joined == {"a": 1, "b": 2}, "the first generation of each pod, as recorded"
+    fenced = TaskReport(0, ReportedRole.FENCED, 2, 3, {STORE: 50}, seen_epoch=3, uid="a-1")
+    statuses = {"a": InstanceStatus(uid="a-1"), "b": InstanceStatus(uid="b-1")}
+    observed = Observation(statuses, {("a", 0): TaskProgress("a", fenced, 0)})
+    result = step(rebuilt, observed, 1, CONFIG)
+    assert result.ledger.tasks[0].handover is None, "still waiting for a's release"
+    assert result.ledger.tasks[0].epoch == 4
+
+
 def test_a_recreated_pod_starts_as_a_new_instance_and_its_tasks_fail_over() -> None:
     cluster = Cluster(tasks=2)
     cluster.start("a", "b")
