@@ -195,7 +195,7 @@ class Cluster:
     """The live pods, name -> uid: what the operator observes."""
     processes: list[Process] = field(default_factory=list)
     """Every running process: the live pods' and those that outlived their pod."""
-    changelogs: dict[TaskId, Changelog] = field(default_factory=dict)
+    changelogs: dict[TaskId, Changelog] = field(init=False)
     topic: list[tuple[str, Assignment | None]] = field(default_factory=list)
     """The assignments topic (instance records and tombstones), in order."""
     reports: dict[tuple[str, TaskId], tuple[TaskReport, int | None]] = field(default_factory=dict)
