@@ -986,19 +986,24 @@ def test_an_activation_that_finds_a_higher_marker_before_its_own_is_fenced_not_a
     cluster.check_settled()
 
 
-def _fenced_just_before_its_hand_over(as_instance_py: bool) -> Cluster:
-    """a owns the one task and drains; b warms it up. A writer a does not know of marks the
-    task just before the operator takes it from a: a's next batch finds the marker and stops
-    the task, but a's last report, `active`, is the one the operator sees when it begins the
-    hand-over (a reports every other poll)."""
-    cluster = Cluster(tasks=1, report_every=2, keeps_fenced=not as_instance_py)
+def _two_polls_before_its_hand_over(cluster: Cluster) -> Cluster:
+    """`cluster`, of one task, once a owns it and drains while b warms it up, two polls before
+    the operator takes it from a."""
     cluster.start("a")
     cluster.run_until_settled()
     cluster.start("b")
     cluster.draining.add("a")
     cluster.poll()
     cluster.poll()
-    cluster.zombie_marker(0, epoch=3)
+    return cluster
+
+
+def _fenced_just_before_its_hand_over(as_instance_py: bool) -> Cluster:
+    """A writer a does not know of marks the task just before the operator takes it from a:
+    a's next batch finds the marker and stops the task, but a's last report, `active`, is the
+    one the operator sees when it begins the hand-over (a reports every other poll)."""
+    cluster = Cluster(tasks=1, report_every=2, keeps_fenced=not as_instance_py)
+    _two_polls_before_its_hand_over(cluster).zombie_marker(0, epoch=3)
     return cluster
 
 
@@ -1012,18 +1017,11 @@ def test_a_source_fenced_before_its_hand_over_began_fails_the_task_over_above_th
 
 
 def _restarted_just_before_its_hand_over(as_instance_py: bool) -> Cluster:
-    """a owns the one task and drains; b warms it up. a's container restarts in place two polls
-    on: its new process reads its assignment (the task active) and finds nothing to release;
-    then the operator, on a's last report (`active`, its predecessor's), takes the task from
-    it, and the new process applies that assignment."""
+    """a's container restarts in place: its new process reads its assignment (the task
+    active) and finds nothing to release; then the operator, on a's last report (`active`, its
+    predecessor's), takes the task from it, and the new process applies that assignment."""
     cluster = Cluster(tasks=1, finishes_releases_when_applying=not as_instance_py)
-    cluster.start("a")
-    cluster.run_until_settled()
-    cluster.start("b")
-    cluster.draining.add("a")
-    cluster.poll()
-    cluster.poll()
-    cluster.restart_container("a")
+    _two_polls_before_its_hand_over(cluster).restart_container("a")
     return cluster
 
 
