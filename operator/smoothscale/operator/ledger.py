@@ -328,7 +328,8 @@ def rebuild(
     instance given the task active at that epoch, if any (else the task fails over above it);
     a hand-over whose source has already released the task is completed. What each instance
     was last given is what the topic holds, so the next `step()` writes whatever a crash
-    kept from being written."""
+    kept from being written; from which generation on its reports count, what the ledger
+    recorded for its pod."""
     ledgers = [ledger for ledger in (kafka_ledger, status_ledger) if ledger is not None]
     base = max(ledgers, key=lambda ledger: ledger.generation, default=Ledger())
     generation = max(
@@ -355,10 +356,28 @@ def rebuild(
         tasks=tasks,
         assignments=dict(kafka_assignments),
         joined={
-            instance: max(base.joined.get(instance, 0), assignment.generation)
+            instance: _joined(base, instance, assignment)
             for instance, assignment in kafka_assignments.items()
         },
     )
+
+
+def _joined(base: Ledger, instance: InstanceId, assignment: Assignment) -> int:
+    """The generation of the first assignment written to the pod that `assignment` (the
+    topic's newest record for `instance`) is meant for: the one `base` recorded, when `base`
+    covers that record (the ledger is written before the assignments) and knows the same pod;
+    else, not knowing, the record's own. Raising it to the record's own when known would set
+    aside the pod's reports made before it applied that record, such as a fenced one."""
+    known = base.assignments.get(instance)
+    if (
+        instance in base.joined
+        and known is not None
+        and assignment.uid is not None
+        and known.uid == assignment.uid
+        and assignment.generation <= base.generation
+    ):
+        return base.joined[instance]
+    return max(base.joined.get(instance, 0), assignment.generation)
 
 
 def _active_at(
