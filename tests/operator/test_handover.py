@@ -16,12 +16,11 @@ changelog records per poll. Reports are committed per (pod name, task), each com
 only the tasks it reports, so a pod's old reports and those of another process of its name
 stay until overwritten; a pod reports every `report_every` polls, and at once where the runtime
 does (an assignment applied, a release, a refusal, an activation won or lost, a batch). A
-container can restart in place (same pod, same disk, a new process). Three places are kinder
-than instance.py on purpose, each where the runtime as it is leaves the cluster stuck (the
-cases of `STUCK_AS_INSTANCE_PY_IS`): `Cluster.keeps_fenced`,
-`Cluster.finishes_releases_when_applying` and `Cluster.releases_only_tasks_not_given`. A pod
-can be deleted with its process, or deleted by force with its process living on beside the
-pod the operator re-creates under its name.
+container can restart in place (same pod, same disk, a new process): its first process reports
+released, against the first assignment it applies, the tasks its predecessor held or released
+and that assignment does not give it at all; a task fenced is reported at once and until it is
+given again. A pod can be deleted with its process, or deleted by force with its process living
+on beside the pod the operator re-creates under its name.
 
 The operator is driven as `AppController.poll` drives it (smoothscale.operator.reconcile): its
 memory kept between polls, else rebuilt (`rebuild`) from the ledger and assignments in Kafka
@@ -41,7 +40,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import count
 
-import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -168,26 +166,6 @@ class Cluster:
     quick_activations: bool = False
     """Whether an activation may take two steps in one poll (the runtime waits for a target or
     marker just ahead of what it has read within the tick)."""
-    keeps_fenced: bool = True
-    """Whether a pod keeps reporting a task `fenced` after an assignment that no longer gives
-    it the task, as it keeps reporting a release. instance.py does not (`_apply` clears every
-    fenced report, and `_fence` reports nothing at once): a source fenced just before the
-    operator took the task from it on its last `active` report never reports the task again,
-    and the hand-over waits for its release forever (see the runtime's stuck cases below)."""
-    finishes_releases_when_applying: bool = True
-    """Whether a restarted container's process reports the releases its predecessor did not
-    against the first assignment it applies. instance.py does it against the one it read when
-    starting (`_finish_interrupted_releases(first)`), and applies what the operator wrote
-    since: an assignment that took a task from the pod on its predecessor's last report
-    (`active`) drops the activation silently, and the hand-over waits forever (see the
-    runtime's stuck cases below)."""
-    releases_only_tasks_not_given: bool = True
-    """Whether a restarted container's process reports released only the tasks its assignment
-    does not give it at all. instance.py also releases again a task it had released and is now
-    given as a warm-up or standby (the operator gives a source a replica only after its
-    release), and, that release being of the assignment's generation, reports it instead of
-    the warm-up until a newer assignment comes, which the operator, waiting for that warm-up
-    to catch up, may never write (see the runtime's stuck cases below)."""
     report_every: int = 1
     """A pod's periodic report goes out every this many polls (report_interval against the
     operator's poll interval); some events are reported at once, as the runtime does."""
@@ -421,10 +399,7 @@ class Cluster:
         may have left unreported; what the operator writes meanwhile is applied next."""
         process.starting = False
         self._follow_assignments(process)
-        if self.finishes_releases_when_applying:
-            process.interrupted = True
-        else:
-            self._finish_interrupted_releases(process, process.newest or Assignment(generation=0))
+        process.interrupted = True
 
     def _finish_interrupted_releases(self, process: Process, assignment: Assignment) -> None:
         """`Instance._finish_interrupted_releases`: a task its pod last reported active or
@@ -433,10 +408,7 @@ class Cluster:
         for (name, task), (report, _ends) in sorted(self.reports.items()):
             if name != process.name or report.uid not in (None, process.uid):
                 continue
-            held = assignment.tasks.get(task)
-            if held is not None and (
-                held.role is TaskRole.ACTIVE or self.releases_only_tasks_not_given
-            ):
+            if task in assignment.tasks:
                 continue
             if report.role not in (ReportedRole.ACTIVE, ReportedRole.RELEASED):
                 continue
@@ -481,8 +453,9 @@ class Cluster:
             if process.released[task].generation < assignment.generation:
                 del process.released[task]
         process.refused = {}
-        kept = process.fenced if self.keeps_fenced else {}
-        process.fenced = {task: report for task, report in kept.items() if task not in wanted}
+        process.fenced = {
+            task: report for task, report in process.fenced.items() if task not in wanted
+        }
         for task, active in sorted(process.active.items()):
             held = wanted.get(task)
             if held is None or held.role is not TaskRole.ACTIVE:
@@ -998,17 +971,17 @@ def _two_polls_before_its_hand_over(cluster: Cluster) -> Cluster:
     return cluster
 
 
-def _fenced_just_before_its_hand_over(as_instance_py: bool) -> Cluster:
+def _fenced_just_before_its_hand_over() -> Cluster:
     """A writer a does not know of marks the task just before the operator takes it from a:
     a's next batch finds the marker and stops the task, but a's last report, `active`, is the
     one the operator sees when it begins the hand-over (a reports every other poll)."""
-    cluster = Cluster(tasks=1, report_every=2, keeps_fenced=not as_instance_py)
+    cluster = Cluster(tasks=1, report_every=2)
     _two_polls_before_its_hand_over(cluster).zombie_marker(0, epoch=3)
     return cluster
 
 
 def test_a_source_fenced_before_its_hand_over_began_fails_the_task_over_above_the_marker() -> None:
-    cluster = _fenced_just_before_its_hand_over(as_instance_py=False)
+    cluster = _fenced_just_before_its_hand_over()
     cluster.run_until_settled()
     assert any(o.handover for h in cluster.history for o in h.ledger.tasks.values())
     assert cluster.ledger is not None
@@ -1016,29 +989,27 @@ def test_a_source_fenced_before_its_hand_over_began_fails_the_task_over_above_th
     cluster.check_settled()
 
 
-def _restarted_just_before_its_hand_over(as_instance_py: bool) -> Cluster:
+def _restarted_just_before_its_hand_over() -> Cluster:
     """a's container restarts in place: its new process reads its assignment (the task
     active) and finds nothing to release; then the operator, on a's last report (`active`, its
     predecessor's), takes the task from it, and the new process applies that assignment."""
-    cluster = Cluster(tasks=1, finishes_releases_when_applying=not as_instance_py)
+    cluster = Cluster(tasks=1)
     _two_polls_before_its_hand_over(cluster).restart_container("a")
     return cluster
 
 
 def test_a_source_restarted_in_place_releases_what_its_first_applied_assignment_takes() -> None:
-    cluster = _restarted_just_before_its_hand_over(as_instance_py=False)
+    cluster = _restarted_just_before_its_hand_over()
     cluster.run_until_settled()
     assert any(o.handover for h in cluster.history for o in h.ledger.tasks.values())
     assert cluster.actives() == {"b": [0]}
     cluster.check_settled()
 
 
-def _restarted_after_releasing(as_instance_py: bool) -> Cluster:
+def _restarted_after_releasing() -> Cluster:
     """a hands task 1 over to b and releases it; then b is scaled in and a's container
     restarts in place: the operator gives task 1 back to a as a warm-up, to move it off b."""
-    cluster = Cluster(
-        tasks=2, catch_up_per_poll=150, releases_only_tasks_not_given=not as_instance_py
-    )
+    cluster = Cluster(tasks=2, catch_up_per_poll=150)
     cluster.start("a")
     cluster.poll()
     cluster.start("b")
@@ -1050,28 +1021,10 @@ def _restarted_after_releasing(as_instance_py: bool) -> Cluster:
 
 
 def test_a_pod_restarted_in_place_warms_up_again_what_it_had_released() -> None:
-    cluster = _restarted_after_releasing(as_instance_py=False)
+    cluster = _restarted_after_releasing()
     cluster.run_until_settled()
     assert cluster.actives() == {"a": [0, 1]}
     cluster.check_settled()
-
-
-STUCK_AS_INSTANCE_PY_IS = {
-    # Each case by the Cluster flag that plays the runtime as it should be.
-    "keeps_fenced": _fenced_just_before_its_hand_over,
-    "finishes_releases_when_applying": _restarted_just_before_its_hand_over,
-    "releases_only_tasks_not_given": _restarted_after_releasing,
-}
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="smoothscale.runtime.instance as it is never settles these: the docstring of the "
-    "Cluster flag named says why and what it should do instead; fix it, then drop this test",
-)
-@pytest.mark.parametrize("case", sorted(STUCK_AS_INSTANCE_PY_IS))
-def test_the_runtime_as_it_is_leaves_these_stuck(case: str) -> None:
-    STUCK_AS_INSTANCE_PY_IS[case](as_instance_py=True).run_until_settled()
 
 
 def test_after_a_restart_a_report_made_before_the_pods_newest_assignment_still_counts() -> None:

@@ -16,7 +16,12 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from devstack.demo.timeline import read_timelines
 from devstack.kafka.embedded import EmbeddedKafka
 from devstack.kafka.front import KafkaFront
-from smoothscale.kafka.assignments import Assignment, AssignmentWriter, TaskAssignment
+from smoothscale.kafka.assignments import (
+    Assignment,
+    AssignmentFollower,
+    AssignmentWriter,
+    TaskAssignment,
+)
 from smoothscale.kafka.progress import ProgressCommitter, ProgressReader, ReportedRole, TaskReport
 from smoothscale.runtime.changelog import closer, data, marker
 from smoothscale.runtime.metrics import start_http_server
@@ -478,7 +483,8 @@ def test_a_restarted_instance_ends_the_hand_over_its_previous_run_left_open(
     previous.close()
     operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
     reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
-    operator.write("pod-a", Assignment(generation=2, tasks={0: active(3), 1: warmup(3)}))
+    # The operator revoked task 1 (a source gets no other role for a task before it released).
+    operator.write("pod-a", Assignment(generation=2, tasks={0: active(3)}))
     # Restarted in place: the same pod, so the same disk, with the task's local store.
     TaskState(pod_a.state_dir, 1, pod_a.stores).close()
     with running(pod_a) as a:
@@ -744,3 +750,108 @@ def test_a_micro_batch_that_hangs_makes_the_instance_stalled_and_its_liveness_fa
     assert health.status == 503
     assert b"no micro-batch completed" in health.read()
     assert recovered.status == 200
+
+
+def test_a_fenced_task_is_reported_at_once_and_until_it_is_given_again(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    """The operator may take a task from an owner on its last `active` report, not knowing a
+    newer writer fenced it: the owner says `fenced` at once, and keeps saying it through an
+    assignment that no longer gives it the task, so the task fails over above that writer."""
+    config = for_instance(app_config(embedded_kafka, tmp_path), "pod-a").model_copy(
+        update={"report_interval": 600.0}
+    )
+    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
+    operator.write("pod-a", Assignment(generation=1, tasks={0: active(1)}))
+    users = [user for user in users_batch(80) if user_partition(user) == 0]
+    produce_users(config, users[:20])
+    with running(config) as a:
+        until_active(a, {0: 1})
+        feed(a)
+        newer = TaskProducer(config, task=0, epoch=2)
+        newer.commit({STORE: [marker(Writer(2, 5, 1), "pod-b")]})
+        newer.close()
+        produce_users(config, users[20:])
+        feed(a, tick=False)
+        at_once = reader.reports("pod-a", PARTITIONS)[0]
+        operator.write("pod-a", Assignment(generation=2))
+        a.tick()
+        a.tick()
+        later = reader.reports("pod-a", PARTITIONS)[0]
+    operator.close()
+    reader.close()
+
+    assert (at_once.role, at_once.seen_epoch) == (ReportedRole.FENCED, 2)
+    assert (later.role, later.seen_epoch) == (ReportedRole.FENCED, 2)
+
+
+def test_a_restarted_instance_releases_against_the_first_assignment_it_applies(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A container restarted in place reads its assignment (the task active), then the
+    operator, on its predecessor's last report, takes the task from it before the new process
+    applies anything: the release is owed against what it applies, or the hand-over waits."""
+    config = app_config(embedded_kafka, tmp_path)
+    pod_a = for_instance(config, "pod-a")
+    previous = ProgressCommitter(
+        config.bootstrap_servers, config.app_id, "pod-a", config.changelog_topics()
+    )
+    previous.commit([TaskReport(1, ReportedRole.ACTIVE, 3, 1, {STORE: 5}, {"users": 9})])
+    previous.close()
+    TaskState(pod_a.state_dir, 1, pod_a.stores).close()
+    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    read_first = Assignment(generation=2, tasks={0: active(3), 1: active(3)})
+    operator.write("pod-a", read_first)
+    operator.write("pod-a", Assignment(generation=3, tasks={0: active(3)}))
+    poll = AssignmentFollower.poll
+    held_back: list[Assignment | None] = []
+
+    def first_read_before_the_revoke(  # type: ignore[no-untyped-def]
+        follower: AssignmentFollower, timeout: float = 0.0
+    ):
+        newest = poll(follower, timeout)
+        if not held_back:  # start's read: as if generation 3 had not arrived yet
+            held_back.append(newest)
+            return read_first
+        if held_back[0] is not None:  # the next read finds it
+            newest, held_back[0] = held_back[0], None
+        return newest
+
+    monkeypatch.setattr(AssignmentFollower, "poll", first_read_before_the_revoke)
+    reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
+    with running(pod_a) as a:
+        until_active(a, {0: 3})
+        released = reader.reports("pod-a", PARTITIONS)[1]
+    operator.close()
+    reader.close()
+
+    assert (released.role, released.epoch) == (ReportedRole.RELEASED, 3)
+
+
+def test_a_restarted_instance_given_back_a_task_it_had_released_warms_it_up(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    """A task the previous run released, given back as a warm-up (the operator gives a source
+    a replica only after its release), is a warm-up: released again, it would hide the
+    warm-up's progress, and a hand-over waiting for it might never come."""
+    config = app_config(embedded_kafka, tmp_path)
+    pod_a = for_instance(config, "pod-a")
+    previous = ProgressCommitter(
+        config.bootstrap_servers, config.app_id, "pod-a", config.changelog_topics()
+    )
+    previous.commit([TaskReport(1, ReportedRole.RELEASED, 3, 4, {STORE: 0})])
+    previous.close()
+    TaskState(pod_a.state_dir, 1, pod_a.stores).close()
+    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    operator.write("pod-a", Assignment(generation=5, tasks={0: active(4), 1: warmup(4)}))
+    reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
+    with running(pod_a) as a:
+
+        def warming_up() -> bool:
+            a.tick()
+            return reader.reports("pod-a", PARTITIONS)[1].role is ReportedRole.WARMUP
+
+        wait_for(warming_up, 10, "the warm-up report")
+    operator.close()
+    reader.close()

@@ -273,6 +273,9 @@ class Instance:
         """Orders report commits: the micro-batch's and a tick's beat (`_beat`)."""
         self._latest_reports: dict[TaskId, TaskReport] = {}
         self._reported_at = 0.0
+        self._previous_reports: dict[TaskId, TaskReport] = {}
+        """What a previous run of this pod reported last, until the first assignment is
+        applied (`_finish_interrupted_releases`)."""
         self.replaced = False
         """Another pod has taken this instance's name (this process outlived its pod): it
         holds nothing, commits nothing and reports nothing any more; the worker exits."""
@@ -283,19 +286,19 @@ class Instance:
     # Lifecycle -------------------------------------------------------------------------
 
     def start(self, first_assignment_timeout: float = 5.0) -> None:
-        """Start the restore loop, write the (empty) plan, and take the first assignment."""
+        """Start the restore loop, write the (empty) plan, read what a previous run of this
+        pod reported last, and take the first assignment."""
         self._write_plan()
         self._restore.start()
+        self._previous_reports = self._read_previous_reports()
         first = self._follower.poll(timeout=first_assignment_timeout)
         if first is not None:
             self._pending = first
-        self._finish_interrupted_releases(first or Assignment(generation=0))
         self.tick()
 
-    def _finish_interrupted_releases(self, assignment: Assignment) -> None:
-        """A previous run of this instance (a container restarted in place mid-hand-over) may
-        have held tasks active that `assignment` no longer gives it active, and died before
-        reporting them `released`: report them released now, so the hand-over can end."""
+    def _read_previous_reports(self) -> dict[TaskId, TaskReport]:
+        """This pod's last reports, from a previous run of it (a container restarted in
+        place), if any: what it held when it stopped."""
         topics = self.config.changelog_topics()
         metadata = self._offsets.list_topics(timeout=10).topics
         tasks = max(
@@ -308,11 +311,22 @@ class Instance:
             previous = reader.reports(self.config.instance_id, tasks)
         finally:
             reader.close()
+        return {
+            task: report
+            for task, report in previous.items()
+            # Not another pod's of the same name (a predecessor's, or a zombie's).
+            if report.uid is None or report.uid == self.config.instance_uid
+        }
+
+    def _finish_interrupted_releases(self, assignment: Assignment) -> None:
+        """A previous run of this instance (a container restarted in place mid-hand-over) may
+        have held tasks active, or released them, that `assignment` (the first this run
+        applies) does not give it at all, and died before the operator saw their release:
+        report them released now, so the hand-over can end. (A task it gives back, in any
+        role, was seen released: the operator gives a source a replica only after.)"""
+        previous, self._previous_reports = self._previous_reports, {}
         for task, report in sorted(previous.items()):
-            if report.uid is not None and report.uid != self.config.instance_uid:
-                continue  # another pod's of the same name (a predecessor's, or a zombie's)
-            held = assignment.tasks.get(task)
-            if held is not None and held.role is TaskRole.ACTIVE:
+            if task in assignment.tasks:
                 continue
             if report.role not in (ReportedRole.ACTIVE, ReportedRole.RELEASED):
                 continue
@@ -776,12 +790,15 @@ class Instance:
             error=error,
         )
         self.metrics.forget_task(task)
+        self._report(with_input_lag=False)  # the operator moves the task on this word
 
     # Assignments ---------------------------------------------------------------------------
 
     def _apply(self, assignment: Assignment) -> None:
         if assignment.generation <= self._applied_generation:
             return
+        if self._applied_generation < 0:
+            self._finish_interrupted_releases(assignment)
         self._applied_generation = assignment.generation
         log.info("assignment generation %d: %s", assignment.generation, describe(assignment))
         wanted = assignment.tasks
@@ -790,7 +807,9 @@ class Instance:
             if self._released[task].generation < assignment.generation:
                 del self._released[task]
         self._refused = {}
-        self._fenced = {}
+        # Fenced, like released, until the task is given again: the operator may have taken
+        # the task from this instance on its last `active` report, and waits for a word on it.
+        self._fenced = {task: report for task, report in self._fenced.items() if task not in wanted}
         for task in sorted(self._active):
             held = wanted.get(task)
             if held is None or held.role is not TaskRole.ACTIVE:
