@@ -31,6 +31,7 @@ from smoothscale.kafka import names
 from smoothscale.kafka.progress import ProgressCommitter, ReportedRole, TaskReport
 from smoothscale.kubeapi import MERGE_PATCH, KubeApi
 from smoothscale.operator.metrics import OperatorMetrics
+from smoothscale.operator.policy import AccessPolicy
 from smoothscale.operator.reconcile import AppController
 from smoothscale.tasks import TaskRole
 
@@ -196,6 +197,7 @@ def main() -> int:
             name=APP,
             events=lambda *event: events.append(event),
             metrics=OperatorMetrics(),
+            policy=AccessPolicy(),
         )
         instances = SimulatedInstances(kube, bootstrap, app_id, lag=0)
         try:

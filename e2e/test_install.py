@@ -60,7 +60,17 @@ def test_kubectl_get_shows_the_app_at_a_glance_by_its_short_name(
     kubectl.ok("apply", "-f", "-", stdin=json.dumps(example_in(namespace)))
     table = kubectl.ok("get", "ssa", "-n", namespace)
     header = table.splitlines()[0].split()
-    assert header == ["NAME", "DESIRED", "READY", "ACTIVE", "WARM-UP", "MAX-LAG", "PHASE", "AGE"]
+    assert header == [
+        "NAME",
+        "DESIRED",
+        "READY",
+        "ACTIVE",
+        "WARM-UP",
+        "MAX-LAG",
+        "INPUT-LAG",
+        "PHASE",
+        "AGE",
+    ]
     assert table.splitlines()[1].split()[:2] == [EXAMPLE["metadata"]["name"], "2"]
 
 

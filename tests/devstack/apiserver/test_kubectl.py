@@ -83,6 +83,7 @@ def test_get_shows_the_printer_columns_and_wide_adds_the_priority_ones(kubectl: 
         "ACTIVE",
         "WARM-UP",
         "MAX-LAG",
+        "INPUT-LAG",
         "PHASE",
         "AGE",
     ]
