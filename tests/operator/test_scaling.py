@@ -443,20 +443,22 @@ def test_a_warmup_pod_that_hangs_gets_nothing_and_a_condition_says_why(tmp_path:
 def test_api_trouble_mid_scale_conflicts_expired_watches_and_5xx_the_scale_finishes_exactly(
     tmp_path: Path,
 ) -> None:
-    """The API server answers 409 to status writes, 410 to watches (kopf re-lists), 503 to pod
-    lists and 500 to Events in the middle of a hand-over: the operator retries through it all
-    and the scale-out finishes, exact, no two owners."""
+    """The API server answers the operator (its ServiceAccount; never the scenario's own checks)
+    409 to status writes, 410 to watches (kopf re-lists), 503 to pod lists and 500 to Events
+    in the middle of a hand-over: the operator retries through it all and the scale-out
+    finishes, exact, no two owners."""
     out = io.StringIO()
     with session(options(tmp_path), out) as running:
         watcher = running.watcher
         start_steady(running)
         running.scale(2)
         watcher.run_until(lambda: moving(running), "a warm-up on the new pod")
+        operator = {"user": "system:serviceaccount:"}  # never the scenario's own kubectl
         running.inject_api_faults(
-            {"code": 409, "count": 3, "method": "PATCH", "path": "/streamingapps/"},
-            {"code": 410, "count": 3, "watch": True},
-            {"code": 503, "count": 3, "method": "GET", "path": "/pods", "watch": False},
-            {"code": 500, "count": 3, "method": "POST", "path": "/events"},
+            {"code": 409, "count": 3, "method": "PATCH", "path": "/streamingapps/", **operator},
+            {"code": 410, "count": 3, "watch": True, **operator},
+            {"code": 503, "count": 3, "method": "GET", "path": "/pods", "watch": False, **operator},
+            {"code": 500, "count": 3, "method": "POST", "path": "/events", **operator},
         )
         watcher.run_until(lambda: watcher.settled(2), "the scale-out through API trouble")
         report = running.inject_api_faults()

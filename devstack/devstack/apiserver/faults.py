@@ -35,16 +35,23 @@ _REASONS = {
 }
 
 
+ADMIN = "admin"
+"""The user name of a request without a token (the admin's: the tests' own kubectl)."""
+
+
 @dataclass
 class Fault:
     """The next `count` requests with this method (or any, "*") whose path contains `path`
-    (and, when `watch` is set, that are or are not watches) answer `code`."""
+    (and, when `watch` is set, that are or are not watches; when `user` is set, whose user's
+    name starts with it) answer `code`. A scenario scopes its faults to the operator's user
+    (`system:serviceaccount:`) so that its own checks never meet them."""
 
     code: int
     count: int
     method: str = "*"
     path: str = ""
     watch: bool | None = None
+    user: str = ""
 
     @classmethod
     def parse(cls, document: Any) -> "Fault":
@@ -56,6 +63,7 @@ class Fault:
             method=str(document.get("method", "*")).upper(),
             path=str(document.get("path", "")),
             watch=None if document.get("watch") is None else bool(document["watch"]),
+            user=str(document.get("user", "")),
         )
         if fault.code not in _REASONS:
             raise ValueError(f"code {fault.code} is not one of {sorted(_REASONS)}")
@@ -63,11 +71,12 @@ class Fault:
             raise ValueError(f"count {fault.count} must be at least 1")
         return fault
 
-    def matches(self, method: str, path: str, watch: bool) -> bool:
+    def matches(self, method: str, path: str, watch: bool, user: str) -> bool:
         return (
             self.method in ("*", method)
             and self.path in path
             and (self.watch is None or self.watch == watch)
+            and user.startswith(self.user)
         )
 
 
@@ -83,13 +92,13 @@ class Faults:
         with self._lock:
             self._pending.extend(faults)
 
-    def take(self, method: str, path: str, watch: bool) -> ApiError | None:
-        """The error this request answers with, if a pending fault matches it."""
+    def take(self, method: str, path: str, watch: bool, user: str) -> ApiError | None:
+        """The error this request of `user` answers with, if a pending fault matches it."""
         if path.startswith(PATH):
             return None
         with self._lock:
             for fault in self._pending:
-                if fault.matches(method, path, watch):
+                if fault.matches(method, path, watch, user):
                     fault.count -= 1
                     if fault.count == 0:
                         self._pending.remove(fault)

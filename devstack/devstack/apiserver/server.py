@@ -248,7 +248,7 @@ class ApiServer:
 
     def application(self) -> web.Application:
         app = web.Application(
-            middlewares=[self._inject_faults, self._errors, self._authenticate],
+            middlewares=[self._errors, self._authenticate, self._inject_faults],
             client_max_size=16 * 1024 * 1024,
         )
         app.router.add_route("*", faults.PATH, self._faults)
@@ -275,7 +275,9 @@ class ApiServer:
         self, request: web.Request, handler: Callable[[web.Request], Any]
     ) -> web.StreamResponse:
         watch = request.query.get("watch") in ("true", "1")
-        error = self.faults.take(request.method, request.path, watch)
+        user: User | None = request.get(USER)
+        name = faults.ADMIN if user is None else user.name
+        error = self.faults.take(request.method, request.path, watch, name)
         if error is not None:
             return _json(error.status(), status=error.code)
         response: web.StreamResponse = await handler(request)

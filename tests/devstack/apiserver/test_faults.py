@@ -34,3 +34,33 @@ def test_a_fault_the_server_cannot_give_is_refused_with_the_reason(api: Api) -> 
     answer = api.request("POST", "/smoothscale.dev/faults", json=[{"code": 418}])
     assert answer.status_code == 400
     assert "418" in answer.json()["message"]
+
+
+def test_a_fault_for_one_user_passes_over_the_requests_of_others(
+    api: Api, kubectl: Kubectl
+) -> None:
+    kubectl("create", "serviceaccount", "operator")
+    rbac = (
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\n"
+        "metadata: {name: namespaces}\n"
+        "rules: [{apiGroups: [''], resources: [namespaces], verbs: [list]}]\n"
+        "---\n"
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\n"
+        "metadata: {name: operator}\n"
+        "roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: namespaces}\n"
+        "subjects: [{kind: ServiceAccount, name: operator, namespace: default}]\n"
+    )
+    kubectl("apply", "-f", "-", stdin=rbac)
+    token = kubectl("create", "token", "operator").strip()
+    fault = {"code": 503, "count": 1, "path": "/namespaces", "user": "system:serviceaccount:"}
+    assert api.request("POST", "/smoothscale.dev/faults", json=[fault]).ok
+
+    kubectl("get", "namespaces")  # the admin's kubectl: not the user the fault is for
+    as_operator = {"Authorization": f"Bearer {token}"}
+    refused = api.request("GET", "/api/v1/namespaces", headers=as_operator)
+    assert refused.status_code == 503
+    assert api.request("GET", "/api/v1/namespaces", headers=as_operator).status_code == 200
+    assert api.request("GET", "/smoothscale.dev/faults").json() == {
+        "injected": {"503": 1},
+        "pending": 0,
+    }
