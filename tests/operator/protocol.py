@@ -26,6 +26,9 @@ from tests.runtime.instance_helpers import feed
 
 GRACE_SYNCS = 30
 """How many syncs a deleted pod's instance goes on serving before it is stopped anyway."""
+LINGER_SYNCS = 2
+"""How many syncs a deleted pod's object stays, terminating, after its instance stopped: a
+kubelet reports the container gone, and the object goes, a moment after the process exits."""
 
 
 @dataclass
@@ -45,13 +48,25 @@ class InProcessPods:
     root: Path
     pods: dict[str, Pod] = field(default_factory=dict)
     """By pod name, the instance running for its current pod."""
+    leaving: dict[str, int] = field(default_factory=dict)
+    """By pod name, the deleted pods whose instance stopped: syncs until the object goes."""
 
     def sync(self) -> None:
         """Start an instance for each new pod (marked Ready: no Spark to wait for), and stop
         the instance of each pod deleted, as a kubelet and the worker do: a pod deleted with a
         grace period keeps running while it holds active tasks (the operator hands them over),
-        then stops and is removed (at most GRACE_SYNCS syncs after the delete)."""
+        then stops (at most GRACE_SYNCS syncs after the delete) and its object goes
+        LINGER_SYNCS syncs later."""
         objects = {pod["metadata"]["name"]: pod for pod in self.platform.pods()}
+        for name, left in list(self.leaving.items()):
+            if left > 0:
+                self.leaving[name] = left - 1
+                continue
+            del self.leaving[name]
+            if objects.pop(name, None) is not None:
+                self.platform.admin.request(
+                    "DELETE", f"/api/v1/namespaces/{APPS}/pods/{name}?gracePeriodSeconds=0"
+                )
         for name, running in list(self.pods.items()):
             pod = objects.get(name, {})
             if pod.get("metadata", {}).get("uid") != running.uid:
@@ -63,12 +78,9 @@ class InProcessPods:
                     continue
                 running.instance.shutdown(timeout=10)
                 del self.pods[name]
-                self.platform.admin.request(
-                    "DELETE", f"/api/v1/namespaces/{APPS}/pods/{name}?gracePeriodSeconds=0"
-                )
-                objects.pop(name)
+                self.leaving[name] = LINGER_SYNCS
         for name, pod in sorted(objects.items()):
-            if name not in self.pods:
+            if name not in self.pods and name not in self.leaving:
                 self.pods[name] = self._start(pod)
 
     def _schedule(self, pod: dict[str, Any]) -> None:

@@ -117,6 +117,8 @@ def test_a_drained_node_gives_its_tasks_away_by_hand_overs_before_its_pod_goes(
     assert "NodeDrain" in reasons
     assert "FailedOver" not in reasons, "every task moved by a hand-over"
     assert any("node node-a is being drained (cordoned)" in m for _k, _r, m in platform.events)
+    warnings = [event for event in platform.events if event[0] == "Warning"]
+    assert not warnings, "a planned roll warns of nothing, however long its pods take to go"
 
 
 def test_a_pod_deleted_with_a_grace_period_hands_its_tasks_over_before_it_stops(

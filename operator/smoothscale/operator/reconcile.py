@@ -172,8 +172,9 @@ class AppController:
         self._kafka: _KafkaClients | None = None
         self._draining_since: dict[str, datetime] = {}
         self._forced: set[str] = set()
-        self._deleted: set[str] = set()
-        """Pods it deleted once drained: one re-created under the same name is no surprise."""
+        self._deleted: dict[str, str] = {}
+        """Pods it deleted once drained, by name: the uid of the pod it deleted. One re-created
+        under the same name in its place is no surprise, however long the old one took to go."""
         self._handovers: dict[TaskId, _HandOverClock] = {}
         self._scaling: ScalingSummary | None = None
         self._desired: int | None = None
@@ -559,7 +560,7 @@ class AppController:
             held = ledger.assignments.get(name)
             if held is not None and held.uid and pod.uid and held.uid != pod.uid:
                 ledger, events = forget(ledger, name)
-                if name not in self._deleted:  # not one it drained and deleted itself
+                if self._deleted.pop(name, None) != held.uid:  # not one it drained and deleted
                     for message in events or [
                         "it held no active task; what it warmed up starts over"
                     ]:
@@ -567,7 +568,6 @@ class AppController:
                             "Warning", "InstanceReplaced", f"{name} was re-created: {message}"
                         )
                 rewrite = True
-            self._deleted.discard(name)
         return ledger, rewrite
 
     # Act --------------------------------------------------------------------------------
@@ -607,7 +607,8 @@ class AppController:
         if pod is not None and pod.terminating:
             return  # deleted already: its process stops now that it holds nothing
         self._delete_pod(instance)
-        self._deleted.add(instance)
+        if pod is not None and pod.uid:
+            self._deleted[instance] = pod.uid
         self.events("Normal", "Drained", f"{instance} holds no task any more: deleted its pod")
 
     def _delete_pod(self, name: str) -> None:
