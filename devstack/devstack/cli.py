@@ -134,6 +134,13 @@ def _register_apiserver(parts: "Subparsers[argparse.ArgumentParser]") -> None:
         help="append an audit.k8s.io/v1 Event per authorization decision on a ServiceAccount's "
         "request to this file (JSON lines)",
     )
+    apiserver.add_argument(
+        "--kubelet-root",
+        type=Path,
+        metavar="DIR",
+        help="the kubelets' pod directories, whose container logs pods/log serves "
+        "(`kubectl logs`); without it pods/log refuses",
+    )
     apiserver.set_defaults(handler=_run_apiserver)
 
 
@@ -312,7 +319,9 @@ def _run_apiserver(args: argparse.Namespace) -> int:
             crd_files.append(path)
         else:
             return _fail("apiserver", f"--crds {path}: no such file or directory")
-    serve_forever(args.host, args.port, crd_files, audit_log=args.audit_log)
+    serve_forever(
+        args.host, args.port, crd_files, audit_log=args.audit_log, kubelet_root=args.kubelet_root
+    )
     return 0
 
 

@@ -10,7 +10,6 @@ container's process group, waits up to the grace period, then sends SIGKILL.
 import contextlib
 import enum
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from devstack.containerlogs import container_log, pod_directory, start_run
 from devstack.probes import Probe, ProbeVerdict, run_probe
 
 
@@ -129,9 +129,6 @@ def process_environment(
     return environment
 
 
-_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
-
-
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -174,13 +171,15 @@ class _Container:
         spec: ContainerSpec,
         pod: PodProcessSpec,
         directory: Path,
+        log_path: Path,
+        *,
         backoff: Backoff,
         on_change: Callable[[], None],
     ) -> None:
         self.spec = spec
         self._pod = pod
         self.working_directory = directory / spec.name
-        self.log_path = directory / f"{spec.name}.log"
+        self.log_path = log_path
         self._backoff = backoff
         self._on_change = on_change
         self._lock = threading.Lock()
@@ -262,6 +261,7 @@ class _Container:
             if self._stopping.is_set():
                 return None
             previous = self._snapshot
+            start_run(self.log_path)
             try:
                 with self.log_path.open("ab") as log:
                     process = subprocess.Popen(
@@ -397,7 +397,7 @@ class ProcessRunner:
         self._pods: dict[str, tuple[PodProcessSpec, list[_Container]]] = {}
 
     def pod_directory(self, key: str) -> Path:
-        return self.root / _SAFE_NAME.sub("_", key)
+        return pod_directory(self.root, key)
 
     def start(self, pod: PodProcessSpec) -> None:
         """Start the pod's containers; a pod already running under this key is left alone."""
@@ -408,7 +408,14 @@ class ProcessRunner:
             if pod.key in self._pods:
                 return
             containers = [
-                _Container(spec, pod, directory, self._backoff, lambda: self._on_change(pod.key))
+                _Container(
+                    spec,
+                    pod,
+                    directory,
+                    self.log_path(pod.key, spec.name),
+                    backoff=self._backoff,
+                    on_change=lambda: self._on_change(pod.key),
+                )
                 for spec in pod.containers
             ]
             self._pods[pod.key] = (pod, containers)
@@ -430,7 +437,7 @@ class ProcessRunner:
         return [container.snapshot() for container in containers]
 
     def log_path(self, key: str, container_name: str) -> Path:
-        return self.pod_directory(key) / f"{container_name}.log"
+        return container_log(self.root, key, container_name)
 
     def stop(self, key: str, grace_seconds: float | None = None) -> None:
         """SIGTERM every container of the pod, SIGKILL what still runs after the grace period

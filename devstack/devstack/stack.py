@@ -27,6 +27,7 @@ from typing import Any, Self, TypeVar
 
 import yaml
 
+from devstack.containerlogs import container_log
 from devstack.kafka.control import TopicSpec
 from devstack.podspec import pod_key
 from smoothscale.api.crd import custom_resource_definition
@@ -82,8 +83,8 @@ class StackInfo:
         return self.state_dir / KUBELET_ROOT
 
     def container_log(self, pod: dict[str, Any], container: str) -> Path:
-        """Where the kubelet writes a container's output (it serves no `kubectl logs`)."""
-        return self.kubelet_root / pod_key(pod) / f"{container}.log"
+        """Where the kubelet writes a container's output (`kubectl logs` reads it too)."""
+        return container_log(self.kubelet_root, pod_key(pod), container)
 
     def exports(self) -> str:
         return f"export KUBECONFIG={self.kubeconfig}\nexport KAFKA_BOOTSTRAP={self.kafka_bootstrap}"
@@ -268,7 +269,15 @@ class LocalStack:
         port = self.api_port or free_port()
         api_url = f"http://127.0.0.1:{port}"
         self._spawn(
-            "apiserver", ["--port", str(port), "--audit-log", str(self.state_dir / AUDIT_LOG)]
+            "apiserver",
+            [
+                "--port",
+                str(port),
+                "--audit-log",
+                str(self.state_dir / AUDIT_LOG),
+                "--kubelet-root",
+                str(self.state_dir / KUBELET_ROOT),
+            ],
         )
         kafka_ready = self.state_dir / "kafka.json"
         kafka_ready.unlink(missing_ok=True)

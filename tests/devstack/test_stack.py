@@ -112,6 +112,7 @@ def test_a_pod_on_the_local_cluster_reaches_its_kafka(local_cluster: StackInfo) 
         "producer = Producer({'bootstrap.servers': os.environ['KAFKA_BOOTSTRAP']})\n"
         f"producer.produce({topic!r}, os.environ['POD_NAME'].encode())\n"
         "assert producer.flush(10) == 0\n"
+        "print('produced', flush=True)\n"
     )
     name = f"producer-{uuid.uuid4().hex[:6]}"
     pod = {
@@ -156,8 +157,14 @@ def test_a_pod_on_the_local_cluster_reaches_its_kafka(local_cluster: StackInfo) 
             time.sleep(0.1)
     finally:
         api.close()
-    logs = (local_cluster.state_dir / "kubelet").glob(f"default_{name}_*/producer.log")
-    assert status["phase"] == "Succeeded", [log.read_text() for log in logs]
+    logs = subprocess.run(
+        [kubectl_binary(), "--kubeconfig", str(local_cluster.kubeconfig), "logs", name],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert status["phase"] == "Succeeded", logs.stdout + logs.stderr
+    assert logs.stdout == "produced\n", "kubectl logs reads the pod's log on the local stack"
 
     reader = Consumer(
         {

@@ -36,15 +36,18 @@ class LocalApiServer:
         *,
         watch_history: int = 1000,
         audit_log: Path | None = None,
+        kubelet_root: Path | None = None,
     ) -> None:
         """`watch_history` is how many changes per resource a watch can resume across; a watch
         from an older resourceVersion gets 410 Gone. `audit_log` receives an audit Event per
-        authorization decision on a ServiceAccount's request (see auth.py)."""
+        authorization decision on a ServiceAccount's request (see auth.py). `kubelet_root`:
+        the kubelets' pod directories, whose container logs pods/log serves (see logs.py)."""
         self._host = host
         self._port = port
         self._crd_paths = list(crd_paths)
         self._watch_history = watch_history
         self._audit_log = audit_log
+        self._kubelet_root = kubelet_root
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
@@ -78,7 +81,11 @@ class LocalApiServer:
             raise failure[0]
 
     async def _serve(self) -> None:
-        self._api = ApiServer(history_size=self._watch_history, audit_log=self._audit_log)
+        self._api = ApiServer(
+            history_size=self._watch_history,
+            audit_log=self._audit_log,
+            kubelet_root=self._kubelet_root,
+        )
         self._api.load_crds(self._crd_paths)
         self._runner = web.AppRunner(self._api.application(), shutdown_timeout=1.0, access_log=None)
         await self._runner.setup()
@@ -140,10 +147,14 @@ def write_kubeconfig(path: Path, url: str, namespace: str = "default") -> None:
 
 
 def serve_forever(
-    host: str, port: int, crd_paths: Sequence[Path], audit_log: Path | None = None
+    host: str,
+    port: int,
+    crd_paths: Sequence[Path],
+    audit_log: Path | None = None,
+    kubelet_root: Path | None = None,
 ) -> None:
     """Serve until SIGTERM or SIGINT; prints the URL once serving."""
-    server = LocalApiServer(host, port, crd_paths, audit_log=audit_log)
+    server = LocalApiServer(host, port, crd_paths, audit_log=audit_log, kubelet_root=kubelet_root)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

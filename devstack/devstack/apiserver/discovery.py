@@ -75,6 +75,15 @@ def _resource_entries(rt: ResourceType) -> list[JsonObject]:
                 "verbs": ["create"],
             }
         )
+        entries.append(
+            {
+                "name": "pods/log",
+                "singularName": "",
+                "namespaced": True,
+                "kind": "Pod",
+                "verbs": ["get"],
+            }
+        )
         entries.append(  # kubectl drain evicts (policy/v1) only when this entry is there
             {
                 "name": "pods/eviction",

@@ -14,7 +14,16 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from devstack.apiserver import discovery, eviction, faults, patching, protobuf, query, tables
+from devstack.apiserver import (
+    discovery,
+    eviction,
+    faults,
+    logs,
+    patching,
+    protobuf,
+    query,
+    tables,
+)
 from devstack.apiserver.admission import (
     STRICT,
     WARN,
@@ -112,8 +121,15 @@ def _set_path(obj: JsonObject, path: str, value: Any) -> None:
 class ApiServer:
     """Registry + store + the aiohttp application that serves them."""
 
-    def __init__(self, history_size: int = 1000, audit_log: Path | None = None) -> None:
-        """`audit_log`: where to append the audit Events of ServiceAccounts' requests."""
+    def __init__(
+        self,
+        history_size: int = 1000,
+        audit_log: Path | None = None,
+        kubelet_root: Path | None = None,
+    ) -> None:
+        """`audit_log`: where to append the audit Events of ServiceAccounts' requests.
+        `kubelet_root`: the kubelets' pod directories, whose logs pods/log serves."""
+        self.kubelet_root = kubelet_root
         self.registry = Registry()
         self.store = Store(history_size=history_size)
         self.store.listeners.append(self._on_change)
@@ -416,7 +432,7 @@ class ApiServer:
         if namespace and not rt.namespaced:
             raise no_such_path()
         subresource = parts[2] if len(parts) == 3 else None
-        pod_only = subresource in ("binding", "eviction") and rt.key == ("", "pods")
+        pod_only = subresource in ("binding", "eviction", "log") and rt.key == ("", "pods")
         token = subresource == "token" and rt.key == ("", "serviceaccounts")
         if (
             (subresource not in (None, "status", "scale") and not pod_only and not token)
@@ -458,6 +474,17 @@ class ApiServer:
             if method != "POST":
                 raise method_not_allowed("an eviction can only be created (POST)")
             return await self._evict(request, target)
+        if target.subresource == "log":
+            if method != "GET":
+                raise method_not_allowed("a pod's log can only be read (GET)")
+            rt, namespace, name = target.rt, target.namespace, target.name
+            pod = self.store.get(rt, namespace, name)
+
+            def pod_now() -> JsonObject | None:
+                exists = self.store.exists(rt, namespace, name)
+                return self.store.get(rt, namespace, name) if exists else None
+
+            return await logs.serve(request, pod, pod_now, self.kubelet_root, self.stopping)
         if method == "GET":
             obj = self.store.get(target.rt, target.namespace, target.name)
             return self._render(request, target.rt, [obj], single=True)
