@@ -56,7 +56,9 @@ def human_age(timestamp: str | None, at: datetime | None = None) -> str:
     """How long ago, the way kubectl prints it: 45s, 3m12s, 47m, 5h3m, 3d4h, 42d."""
     if not timestamp:
         return "<unknown>"
-    then = datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    then = datetime.fromisoformat(timestamp)  # RFC 3339: Z or an offset, maybe a fraction
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=UTC)
     seconds = int(((at or datetime.now(UTC)) - then).total_seconds())
     if seconds < 0:
         return "0s"

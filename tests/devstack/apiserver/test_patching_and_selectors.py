@@ -120,3 +120,5 @@ def test_ages_print_like_kubectl() -> None:
     assert human_age("2026-01-02T11:56:48Z", at) == "3m12s"
     assert human_age("2026-01-02T07:00:00Z", at) == "5h"
     assert human_age("2025-12-30T08:00:00Z", at) == "3d4h"
+    # RFC 3339 as clients send it (the operator's Events: a fraction and an offset)
+    assert human_age("2026-01-02T11:59:15.276103+00:00", at) == "44s"
