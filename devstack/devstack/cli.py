@@ -2,6 +2,7 @@
 kubelets, embedded Kafka)."""
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +13,9 @@ from smoothscale.cli import Subparsers
 if TYPE_CHECKING:
     from smoothscale.kubeapi import KubeApi
 
+DEV_KAFKA_PORT = 9092
+"""Where `dev up`'s Kafka takes clients by default: Kafka's own port, which the local manifests
+under examples/local name."""
 _STATE_DIR_HELP = (
     "where logs, pids, the kubeconfig and pod directories live "
     "(default: $SMOOTHSCALE_DEV_DIR or .smoothscale/dev)"
@@ -35,6 +39,7 @@ def register(subparsers: "Subparsers[argparse.ArgumentParser]") -> None:
     _register_controllers(parts)
     _register_kafka(parts)
     _register_topic(parts)
+    _register_produce(parts)
 
 
 def _topic_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,6 +82,13 @@ def _register_up(parts: "Subparsers[argparse.ArgumentParser]") -> None:
         "own (default: the StreamingApp CRD, generated from the models)",
     )
     up.add_argument("--api-port", type=int, default=0, help="API server port (default: a free one)")
+    up.add_argument(
+        "--kafka-port",
+        type=int,
+        default=DEV_KAFKA_PORT,
+        help="port Kafka's clients bootstrap at, the brokers on it and the next ones (default: "
+        "%(default)s, which the examples' local manifests name; 0: free ones)",
+    )
     up.add_argument(
         "--nodes",
         type=int,
@@ -210,6 +222,13 @@ def _register_kafka(parts: "Subparsers[argparse.ArgumentParser]") -> None:
         help="once up, write {bootstrap_servers, control_url, pid} as JSON to this file",
     )
     kafka.add_argument(
+        "--port",
+        type=int,
+        default=0,
+        help="port clients bootstrap at; the brokers listen on it and the next ones "
+        "(default: free ones)",
+    )
+    kafka.add_argument(
         "--control-port",
         type=int,
         default=0,
@@ -262,6 +281,7 @@ def _run_up(args: argparse.Namespace) -> int:
             topics=topics,
             brokers=args.brokers,
             api_port=args.api_port,
+            kafka_port=args.kafka_port,
             nodes=args.nodes,
         )
     except StackError as error:
@@ -412,7 +432,69 @@ def _run_kafka(args: argparse.Namespace) -> int:
         return _fail("kafka", error)
     if args.brokers < 1:
         return _fail("kafka", f"--brokers must be at least 1, got {args.brokers}")
-    serve_kafka(args.brokers, topics, ready_file=args.ready_file, control_port=args.control_port)
+    serve_kafka(
+        args.brokers,
+        topics,
+        ready_file=args.ready_file,
+        control_port=args.control_port,
+        port=args.port,
+    )
+    return 0
+
+
+def _register_produce(parts: "Subparsers[argparse.ArgumentParser]") -> None:
+    produce = parts.add_parser(
+        "produce",
+        help="produce the lines of stdin as records to a topic of the running local Kafka",
+        description="Produce each line of stdin as one record's value to a topic of the "
+        "embedded Kafka of `smoothscale dev up`, as kafka-console-producer does.",
+    )
+    produce.add_argument("topic", metavar="TOPIC")
+    produce.add_argument(
+        "--key-field",
+        metavar="FIELD",
+        help="each line is a JSON object: key its record by this field (a key's records all "
+        "go to one partition, as the example pipelines want)",
+    )
+    produce.add_argument("--state-dir", type=Path, help=_STATE_DIR_HELP)
+    produce.set_defaults(handler=_run_produce)
+
+
+def _run_produce(args: argparse.Namespace) -> int:
+    from confluent_kafka import KafkaException, Producer
+
+    from devstack.stack import info_of
+
+    info = info_of(_state_dir(args))
+    if info is None:
+        return _fail("produce", "the local control plane does not run: start it with `dev up`")
+    records: list[tuple[bytes | None, bytes]] = []
+    for number, line in enumerate(sys.stdin, start=1):
+        value = line.rstrip("\n")
+        if not value:
+            continue
+        key = None
+        if args.key_field is not None:
+            try:
+                key = str(json.loads(value)[args.key_field]).encode()
+            except (ValueError, TypeError, KeyError):
+                return _fail(
+                    "produce",
+                    f"line {number} is not a JSON object with a field {args.key_field!r}: "
+                    f"{value[:80]!r} (nothing was produced)",
+                )
+        records.append((key, value.encode()))
+    producer = Producer({"bootstrap.servers": info.kafka_bootstrap})
+    try:
+        for key, value in records:
+            producer.produce(args.topic, value=value, key=key)
+            producer.poll(0)
+        left = producer.flush(30)
+    except KafkaException as error:
+        return _fail("produce", f"topic {args.topic}: {error}")
+    if left:
+        return _fail("produce", f"{left} of {len(records)} records not acknowledged within 30 s")
+    print(f"produced {len(records)} records to {args.topic}")
     return 0
 
 

@@ -192,6 +192,7 @@ class LocalStack:
         topics: Sequence[TopicSpec] = (),
         brokers: int = 3,
         api_port: int = 0,
+        kafka_port: int = 0,
         node_name: str = "local",
         nodes: int = 1,
         startup_timeout: float = 60.0,
@@ -201,6 +202,7 @@ class LocalStack:
         self.topics = list(topics)
         self.brokers = brokers
         self.api_port = api_port
+        self.kafka_port = kafka_port
         self.node_name = node_name
         self.nodes = node_names(node_name, nodes)
         self.startup_timeout = startup_timeout
@@ -282,6 +284,7 @@ class LocalStack:
         kafka_ready = self.state_dir / "kafka.json"
         kafka_ready.unlink(missing_ok=True)
         kafka_arguments = ["--brokers", str(self.brokers), "--ready-file", str(kafka_ready)]
+        kafka_arguments += ["--port", str(self.kafka_port)]
         for topic in self.topics:
             kafka_arguments += ["--topic", f"{topic.name}:{topic.partitions}"]
         self._spawn("kafka", kafka_arguments)

@@ -24,9 +24,12 @@ def kubectl_binary() -> str:
     return found
 
 
-def smoothscale(*arguments: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def smoothscale(
+    *arguments: str, cwd: Path, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "smoothscale.cli", *arguments],
+        input=stdin,
         capture_output=True,
         text=True,
         cwd=cwd,
@@ -38,7 +41,10 @@ def smoothscale(*arguments: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_dev_up_serves_kubectl_and_dev_down_stops_everything(tmp_path: Path) -> None:
     # Run from a directory with no crds/: the StreamingApp CRD comes from the models.
     state_dir = tmp_path / "dev"
-    up = smoothscale("dev", "up", "--state-dir", str(state_dir), "--topic", "input:4", cwd=tmp_path)
+    up = smoothscale(
+        "dev", "up", "--state-dir", str(state_dir), "--topic", "input:4", "--kafka-port", "0",
+        cwd=tmp_path,
+    )  # fmt: skip
     try:
         assert up.returncode == 0, up.stderr
         exports = dict(
@@ -199,9 +205,51 @@ def test_dev_up_that_fails_stops_what_it_started_and_says_why(tmp_path: Path) ->
     empty.mkdir()
     state_dir = tmp_path / "dev"
     result = smoothscale(
-        "dev", "up", "--state-dir", str(state_dir), "--crds", str(empty), cwd=tmp_path
+        "dev",
+        "up",
+        "--state-dir",
+        str(state_dir),
+        "--crds",
+        str(empty),
+        "--kafka-port",
+        "0",
+        cwd=tmp_path,
     )
     assert result.returncode == 2
     assert "no CRD YAML files" in result.stderr
     assert processes_running_in(state_dir.resolve()) == []
     assert not (state_dir / "state.json").exists()
+
+
+def test_dev_produce_sends_stdin_keyed_or_refuses_a_bad_line_sending_nothing(
+    local_cluster: StackInfo,
+) -> None:
+    topic = f"typed-{uuid.uuid4().hex[:6]}"
+    KafkaControl(local_cluster.kafka_control).create_topic(topic, partitions=1)
+    state = str(local_cluster.state_dir)
+    lines = '{"user": "alice"}\n{"user": "bob"}\n'
+
+    refused = smoothscale(
+        "dev", "produce", topic, "--key-field", "user", "--state-dir", state,
+        cwd=local_cluster.state_dir, stdin=lines + "not json\n",
+    )  # fmt: skip
+    produced = smoothscale(
+        "dev", "produce", topic, "--key-field", "user", "--state-dir", state,
+        cwd=local_cluster.state_dir, stdin=lines,
+    )  # fmt: skip
+
+    assert refused.returncode == 2
+    assert "line 3 is not a JSON object with a field 'user'" in refused.stderr
+    assert produced.returncode == 0, produced.stderr
+    assert "produced 2 records" in produced.stdout
+    reader = Consumer({"bootstrap.servers": local_cluster.kafka_bootstrap, "group.id": topic})
+    try:
+        reader.assign([TopicPartition(topic, 0, 0)])
+        messages = [reader.poll(10) for _ in range(2)]
+        assert reader.poll(1) is None, "nothing of the refused input"
+    finally:
+        reader.close()
+    assert [(m.key(), m.value()) for m in messages if m is not None] == [
+        (b"alice", b'{"user": "alice"}'),
+        (b"bob", b'{"user": "bob"}'),
+    ]

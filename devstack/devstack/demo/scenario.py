@@ -148,16 +148,19 @@ class InputFeed:
 
 
 def read_inputs_and_outputs(
-    bootstrap_servers: str, tasks: int
+    bootstrap_servers: str,
+    tasks: int,
+    input_topic: str = INPUT_TOPIC,
+    output_topic: str = OUTPUT_TOPIC,
 ) -> tuple[dict[str, int], dict[str, list[int]]]:
-    """(reference counts from the input, every total the app emitted per user, in order),
-    both read to the end."""
+    """(reference counts from the running count's input, every total it emitted per user, in
+    order), both read to the end."""
     reference: dict[str, int] = {}
-    for _key, value in _read_all(bootstrap_servers, INPUT_TOPIC, tasks):
+    for _key, value in _read_all(bootstrap_servers, input_topic, tasks):
         user = json.loads(value)["user"]
         reference[user] = reference.get(user, 0) + 1
     emitted: dict[str, list[int]] = {}
-    for key, value in _read_all(bootstrap_servers, OUTPUT_TOPIC, tasks):
+    for key, value in _read_all(bootstrap_servers, output_topic, tasks):
         emitted.setdefault(key.decode(), []).append(json.loads(value))
     return reference, emitted
 

@@ -197,11 +197,13 @@ def serve_kafka(
     topics: Sequence[TopicSpec],
     ready_file: str | None = None,
     control_port: int = 0,
+    *,
     out: TextIO = sys.stdout,
+    port: int = 0,
 ) -> None:
     """Run a cluster with `topics` behind the Kafka front until SIGINT/SIGTERM, then stop it
-    cleanly. Its controls (topics, faults, compaction) answer on http://127.0.0.1:`control_port`
-    (see KafkaControl)."""
+    cleanly. Clients bootstrap at 127.0.0.1:`port` (0: a free one). Its controls (topics,
+    faults, compaction) answer on http://127.0.0.1:`control_port` (see KafkaControl)."""
     stop = threading.Event()
 
     def request_stop(_signum: int, _frame: FrameType | None) -> None:
@@ -211,7 +213,7 @@ def serve_kafka(
         signum: signal.signal(signum, request_stop) for signum in (signal.SIGINT, signal.SIGTERM)
     }
     try:
-        with EmbeddedKafka(brokers) as kafka, KafkaFront(kafka) as front:
+        with EmbeddedKafka(brokers) as kafka, KafkaFront(kafka, port=port) as front:
             for topic in topics:
                 kafka.create_topic(topic.name, topic.partitions)
             control = ThreadingHTTPServer(

@@ -209,7 +209,9 @@ class KafkaFront:
     topics there directly, or inject faults). Use it as a context manager, or call `close()`.
     """
 
-    def __init__(self, kafka: EmbeddedKafka, host: str = "127.0.0.1") -> None:
+    def __init__(self, kafka: EmbeddedKafka, host: str = "127.0.0.1", port: int = 0) -> None:
+        """`port`: where the first broker's listener binds, the others on the next ports
+        (0: free ones)."""
         self.kafka = kafka
         self._brokers = _parse_addresses(kafka.bootstrap_servers)
         self._configs: dict[str, dict[str, str]] = {}
@@ -225,11 +227,11 @@ class KafkaFront:
         self._servers: list[asyncio.Server] = []
         self._to_front: dict[_Address, _Address] = {}
         try:
-            for broker in self._brokers:
-                server = self._run(self._listen(host, broker))
-                port = server.sockets[0].getsockname()[1]
+            for number, broker in enumerate(self._brokers):
+                server = self._run(self._listen(host, port + number if port else 0, broker))
+                bound = server.sockets[0].getsockname()[1]
                 self._servers.append(server)
-                self._to_front[broker] = _Address(host, port)
+                self._to_front[broker] = _Address(host, bound)
         except BaseException:
             self.close()
             raise
@@ -243,12 +245,12 @@ class KafkaFront:
         )
         return future.result(timeout)
 
-    async def _listen(self, host: str, broker: _Address) -> asyncio.Server:
+    async def _listen(self, host: str, port: int, broker: _Address) -> asyncio.Server:
         async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._serve_connection(broker, reader, writer)
 
-        return await asyncio.start_server(serve, host, 0)
+        return await asyncio.start_server(serve, host, port)
 
     # ---- compaction -------------------------------------------------------------------------
 
