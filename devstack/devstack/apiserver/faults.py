@@ -3,7 +3,9 @@ give (409 Conflict, 410 Gone for an expired watch, 429, 500, 503, 504), so that 
 the operator and kubectl live with it.
 
 Faults are asked for with POST /smoothscale.dev/faults (a JSON list of faults, see `Fault`) and
-counted with GET on the same path; `apiserver_faults` in the scenario helpers does both.
+counted with GET on the same path; `Session.inject_api_faults` in the scenario helpers does both.
+A fault for watches also ends the open watches it matches (as a real server ends a watch at its
+timeout), so that their clients watch again and meet it.
 """
 
 import threading

@@ -136,6 +136,8 @@ class ApiServer:
         self.stopping = asyncio.Event()
         self.faults = Faults()
         """Errors to answer the next matching requests with (tests ask at faults.PATH)."""
+        self._open_watches: set[tuple[str, str, asyncio.Event]] = set()
+        """(user, path, the event that ends it) of every watch being served."""
         self.tokens = Tokens()
         self.authorizer = Authorizer(self._rbac_objects)
         self.audit = AuditLog(audit_log) if audit_log is not None else None
@@ -303,9 +305,15 @@ class ApiServer:
         """POST a JSON list of faults to inject; GET how many were injected."""
         if request.method == "POST":
             try:
-                self.faults.add([faults.Fault.parse(item) for item in await request.json()])
+                added = [faults.Fault.parse(item) for item in await request.json()]
             except (ValueError, KeyError, TypeError) as error:
                 raise bad_request(f"faults: {error}") from error
+            self.faults.add(added)
+            # A fault for watches ends the open ones it matches, as a real server ends a watch
+            # at its timeout: their clients watch again, from where they were, and meet it.
+            for user, path, ended in self._open_watches:
+                if any(f.watch and f.matches("GET", path, True, user) for f in added):
+                    ended.set()
         return _json(self.faults.report())
 
     @web.middleware
@@ -532,7 +540,14 @@ class ApiServer:
     async def _watch(self, request: web.Request, target: Target) -> web.StreamResponse:
         namespace = target.namespace if target.rt.namespaced else ""
         watch = watch_request(request, target.rt, namespace, self._filters(request))
-        return await serve_watch(request, watch, self.store, self.stopping)
+        user: User | None = request.get(USER)
+        ended = asyncio.Event()
+        opened = (faults.ADMIN if user is None else user.name, request.path, ended)
+        self._open_watches.add(opened)
+        try:
+            return await serve_watch(request, watch, self.store, self.stopping, ended)
+        finally:
+            self._open_watches.discard(opened)
 
     # -- writes ---------------------------------------------------------------------------
 

@@ -96,10 +96,15 @@ def watch_request(
 
 
 async def serve_watch(
-    request: web.Request, watch: WatchRequest, store: Store, stopping: asyncio.Event
+    request: web.Request,
+    watch: WatchRequest,
+    store: Store,
+    stopping: asyncio.Event,
+    ended: asyncio.Event,
 ) -> web.StreamResponse:
     """Stream the changes after the request's resourceVersion (or the current objects first,
-    without one) until the deadline (then a bookmark, if allowed) or until `stopping`. An
+    without one) until the deadline (then a bookmark, if allowed), `stopping` (the server's) or
+    `ended` (this watch's: the server ends it early, as a real one does at its timeout). An
     expired resourceVersion is an ERROR event with a 410 Status, as from a real server."""
     since_text = request.query.get("resourceVersion", "")
     since = None
@@ -122,7 +127,7 @@ async def serve_watch(
                 response, watch.rt, store.resource_version, initial_events_end=True
             )
         next_bookmark = time.monotonic() + BOOKMARK_INTERVAL
-        while not stopping.is_set():
+        while not (stopping.is_set() or ended.is_set()):
             remaining = watch.deadline - time.monotonic()
             if remaining <= 0:
                 if watch.bookmarks:

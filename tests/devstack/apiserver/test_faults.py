@@ -1,5 +1,9 @@
 """Injected API trouble: the next matching requests get a real API server's error, once each."""
 
+import time
+
+import requests
+
 from tests.devstack.apiserver.conftest import Api, Kubectl
 
 
@@ -34,6 +38,47 @@ def test_a_fault_the_server_cannot_give_is_refused_with_the_reason(api: Api) -> 
     answer = api.request("POST", "/smoothscale.dev/faults", json=[{"code": 418}])
     assert answer.status_code == 400
     assert "418" in answer.json()["message"]
+
+
+def test_a_watch_fault_ends_the_open_watches_it_matches_so_they_meet_it(
+    api: Api, kubectl: Kubectl
+) -> None:
+    kubectl("create", "serviceaccount", "watcher")
+    rbac = (
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\n"
+        "metadata: {name: watch-namespaces}\n"
+        "rules: [{apiGroups: [''], resources: [namespaces], verbs: [list, watch]}]\n"
+        "---\n"
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\n"
+        "metadata: {name: watcher}\n"
+        "roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, "
+        "name: watch-namespaces}\n"
+        "subjects: [{kind: ServiceAccount, name: watcher, namespace: default}]\n"
+    )
+    kubectl("apply", "-f", "-", stdin=rbac)
+    as_watcher = {"Authorization": f"Bearer {kubectl('create', 'token', 'watcher').strip()}"}
+    version = api.request("GET", "/api/v1/namespaces").json()["metadata"]["resourceVersion"]
+    watch = {"watch": "true", "resourceVersion": version, "timeoutSeconds": "60"}
+    started = time.monotonic()
+    with (
+        requests.get(
+            f"{api.url}/api/v1/namespaces", params=watch, headers=as_watcher, stream=True,
+            timeout=30,
+        ) as theirs,
+        requests.get(
+            f"{api.url}/api/v1/namespaces", params={**watch, "timeoutSeconds": "3"},
+            stream=True, timeout=30,
+        ) as admins,
+    ):  # fmt: skip
+        assert theirs.status_code == admins.status_code == 200
+        fault = {"code": 410, "count": 1, "watch": True, "user": "system:serviceaccount:"}
+        assert api.request("POST", "/smoothscale.dev/faults", json=[fault]).ok
+        assert b"".join(theirs.iter_content()) == b"", "ended at once, with no event"
+        ended = time.monotonic() - started
+        assert b"".join(admins.iter_content()) == b"", "the admin's ran to its own timeout"
+        assert time.monotonic() - started >= 3 > ended
+    again = api.request("GET", "/api/v1/namespaces", params=watch, headers=as_watcher)
+    assert again.status_code == 410
 
 
 def test_a_fault_for_one_user_passes_over_the_requests_of_others(
