@@ -91,8 +91,13 @@ def test_the_readme_runs_ones_own_app_and_scales_it_without_a_false_alarm(
     try:
         ran = shell(steps[:-1], timeout=1500)
         assert ran.returncode == 0, f"{ran.stdout}\n{ran.stderr}"
-        events = json.loads(kubectl("get", "events", "-n", "apps", "-o", "json"))["items"]
         app = json.loads(kubectl("get", "streamingapp", "counts", "-n", "apps", "-o", "json"))
+        deadline = time.monotonic() + 120  # the operator posts its Events after the status
+        while True:
+            events = json.loads(kubectl("get", "events", "-n", "apps", "-o", "json"))["items"]
+            if any(e["reason"] == "Scaled" for e in events) or time.monotonic() > deadline:
+                break
+            time.sleep(2)
         bootstrap = "127.0.0.1:9092"
         deadline = time.monotonic() + 300
         while True:

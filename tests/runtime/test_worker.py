@@ -250,7 +250,8 @@ def test_a_standby_takes_over_when_its_owner_is_killed_mid_batch_losing_and_doub
                 "pod-b's standbys to report",
                 workers,
             )
-            wait_until(b.ready, 60, "pod-b's streaming query to run", workers)
+            # Bounds, not goals: two Spark drivers starting on a loaded machine take minutes.
+            wait_until(b.ready, 180, "pod-b's streaming query to run", workers)
             time.sleep(1)
             # A micro-batch here takes seconds and the trigger is 0.5 s: pod-a is mid-batch.
             a.kill()
@@ -265,7 +266,7 @@ def test_a_standby_takes_over_when_its_owner_is_killed_mid_batch_losing_and_doub
                     and r.role is ReportedRole.ACTIVE
                     for t in range(PARTITIONS)
                 ),
-                30,
+                90,
                 "pod-b to take both tasks over",
                 [b],
             )
