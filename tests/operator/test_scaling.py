@@ -226,6 +226,33 @@ def test_an_active_pod_killed_mid_batch_fails_its_tasks_over_at_once_exactly(
         assert running.finish(), out.getvalue()
 
 
+def test_two_operators_acting_at_once_through_a_scale_out_never_interleave_their_writes(
+    tmp_path: Path,
+) -> None:
+    """Issue 19.7 (b): two releases of the chart without peering (a misconfiguration, or an
+    old operator that has not noticed it lost its lease) both run the control loop on the app
+    through a scale-out and a scale-in. Their writes are fenced (one Kafka transaction per
+    step, one transactional id per app): the one fenced says so and steps back until its next
+    poll; the scalings finish, exact, never two owners, every output checked."""
+    out = io.StringIO()
+    with session(options(tmp_path), out) as running:
+        watcher = running.watcher
+        start_steady(running)
+        second = running.install_operator("second")
+        watcher.run_until(
+            lambda: "control loop starts" in second.log(), "the second operator's control loop"
+        )
+        running.scale(2)
+        watcher.run_until(lambda: watcher.settled(2), "the scale-out, by both")
+        running.scale(1)
+        watcher.run_until(lambda: watcher.settled(1), "the scale-in, by both")
+        watcher.run_until(lambda: pods(running) == [f"{APP_NAME}-0"], "the drained pod gone")
+        story = out.getvalue()
+        assert "warning OperatorFenced" in story, "they did act at once, and one was fenced"
+        assert running.finish(), out.getvalue()
+        second.stop()
+
+
 def test_a_warmup_pod_killed_mid_restore_is_replaced_and_warms_up_again(tmp_path: Path) -> None:
     out = io.StringIO()
     with session(options(tmp_path, backlog=40_000), out) as running:
