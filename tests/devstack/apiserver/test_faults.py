@@ -40,23 +40,28 @@ def test_a_fault_the_server_cannot_give_is_refused_with_the_reason(api: Api) -> 
     assert "418" in answer.json()["message"]
 
 
-def test_a_watch_fault_ends_the_open_watches_it_matches_so_they_meet_it(
-    api: Api, kubectl: Kubectl
-) -> None:
-    kubectl("create", "serviceaccount", "watcher")
+def namespace_reader(kubectl: Kubectl, name: str) -> dict[str, str]:
+    """A ServiceAccount `name` that may list and watch namespaces: its requests' headers."""
+    kubectl("create", "serviceaccount", name)
     rbac = (
         "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\n"
-        "metadata: {name: watch-namespaces}\n"
+        f"metadata: {{name: {name}-namespaces}}\n"
         "rules: [{apiGroups: [''], resources: [namespaces], verbs: [list, watch]}]\n"
         "---\n"
         "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\n"
-        "metadata: {name: watcher}\n"
+        f"metadata: {{name: {name}}}\n"
         "roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, "
-        "name: watch-namespaces}\n"
-        "subjects: [{kind: ServiceAccount, name: watcher, namespace: default}]\n"
+        f"name: {name}-namespaces}}\n"
+        f"subjects: [{{kind: ServiceAccount, name: {name}, namespace: default}}]\n"
     )
     kubectl("apply", "-f", "-", stdin=rbac)
-    as_watcher = {"Authorization": f"Bearer {kubectl('create', 'token', 'watcher').strip()}"}
+    return {"Authorization": f"Bearer {kubectl('create', 'token', name).strip()}"}
+
+
+def test_a_watch_fault_ends_the_open_watches_it_matches_so_they_meet_it(
+    api: Api, kubectl: Kubectl
+) -> None:
+    as_watcher = namespace_reader(kubectl, "watcher")
     version = api.request("GET", "/api/v1/namespaces").json()["metadata"]["resourceVersion"]
     watch = {"watch": "true", "resourceVersion": version, "timeoutSeconds": "60"}
     started = time.monotonic()
@@ -84,24 +89,11 @@ def test_a_watch_fault_ends_the_open_watches_it_matches_so_they_meet_it(
 def test_a_fault_for_one_user_passes_over_the_requests_of_others(
     api: Api, kubectl: Kubectl
 ) -> None:
-    kubectl("create", "serviceaccount", "operator")
-    rbac = (
-        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\n"
-        "metadata: {name: namespaces}\n"
-        "rules: [{apiGroups: [''], resources: [namespaces], verbs: [list]}]\n"
-        "---\n"
-        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\n"
-        "metadata: {name: operator}\n"
-        "roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: namespaces}\n"
-        "subjects: [{kind: ServiceAccount, name: operator, namespace: default}]\n"
-    )
-    kubectl("apply", "-f", "-", stdin=rbac)
-    token = kubectl("create", "token", "operator").strip()
+    as_operator = namespace_reader(kubectl, "operator")
     fault = {"code": 503, "count": 1, "path": "/namespaces", "user": "system:serviceaccount:"}
     assert api.request("POST", "/smoothscale.dev/faults", json=[fault]).ok
 
     kubectl("get", "namespaces")  # the admin's kubectl: not the user the fault is for
-    as_operator = {"Authorization": f"Bearer {token}"}
     refused = api.request("GET", "/api/v1/namespaces", headers=as_operator)
     assert refused.status_code == 503
     assert api.request("GET", "/api/v1/namespaces", headers=as_operator).status_code == 200
