@@ -423,7 +423,8 @@ class Watcher:
         self.options = options
         self.say = say
         self.inputs = InputPositionCommitter(bootstrap_servers, APP_ID, QUIET)
-        self._ends = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": APP_ID, **QUIET})
+        self._bootstrap_servers = bootstrap_servers
+        self._ends = self._ends_reader()
         self._seen_events: set[str] = set()
         self.status: dict[str, Any] = {}
 
@@ -459,8 +460,20 @@ class Watcher:
             and status.get("readyReplicas") == replicas
         )
 
-    def input_lag(self) -> int:
-        committed, ends = self._input_positions()
+    def _ends_reader(self) -> Consumer:
+        return Consumer({"bootstrap.servers": self._bootstrap_servers, "group.id": APP_ID, **QUIET})
+
+    def input_lag(self) -> int | None:
+        """The records of the input not yet committed by the app; None while the brokers cannot
+        say. A reader that met a broker down may keep metadata without the partition after the
+        broker is back ("Unknown partition"), so a failed read starts a fresh one for the next."""
+        try:
+            committed, ends = self._input_positions()
+        except KafkaException as error:
+            self.say(f"input lag unknown ({error.args[0].str()})")
+            self._ends.close()
+            self._ends = self._ends_reader()
+            return None
         return sum(max(0, end - committed.get(p, 0)) for p, end in ends.items())
 
     def _input_positions(self) -> tuple[dict[int, int], dict[int, int]]:
@@ -495,11 +508,8 @@ class Watcher:
             if instance.get("draining"):
                 text += ", draining"
             parts.append(text)
-        try:
-            lag = f"{self.input_lag():,}"
-        except KafkaException as error:  # a fault scenario took the brokers down
-            lag = f"unknown ({error.args[0].str()})"
-        return " | ".join(parts) + f" | input lag {lag}"
+        lag = self.input_lag()
+        return " | ".join(parts) + " | input lag " + ("unknown" if lag is None else f"{lag:,}")
 
     def run_until(self, done: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + self.options.phase_timeout
@@ -731,7 +741,10 @@ def _story(running: Session) -> int:
     options, watcher, say = running.options, running.watcher, running.say
     running.apply(replicas=1)
     watcher.run_until(lambda: watcher.settled(1), "the first instance running")
-    watcher.run_until(lambda: watcher.input_lag() < options.rate * 5, "catching up the backlog")
+    watcher.run_until(
+        lambda: (lag := watcher.input_lag()) is not None and lag < options.rate * 5,
+        "catching up the backlog",
+    )
     running.feed.start()
     say(f"steady input: {options.rate:,} records/s. {watcher.describe()}")
     watcher.hold()
