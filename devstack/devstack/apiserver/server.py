@@ -63,7 +63,7 @@ from devstack.apiserver.registry import (
 )
 from devstack.apiserver.selectors import Predicate, field_selector, label_selector
 from devstack.apiserver.store import Change, StorageKey, Store, now
-from devstack.apiserver.watch import serve_watch, watch_request
+from devstack.apiserver.watch import serve_watch, serve_watch_error, watch_request
 
 CRD_KEY: StorageKey = (CRD_GROUP, "customresourcedefinitions")
 USER = web.RequestKey("smoothscale.user", User)
@@ -296,6 +296,10 @@ class ApiServer:
         user: User | None = request.get(USER)
         name = faults.ADMIN if user is None else user.name
         error = self.faults.take(request.method, request.path, watch, name)
+        if error is not None and watch and error.code == 410:
+            # A real server answers an expired watch inside the stream, never with a 410 status
+            # (its watch cache's error watcher); clients such as kopf rely on it.
+            return await serve_watch_error(request, error.status())
         if error is not None:
             return _json(error.status(), status=error.code)
         response: web.StreamResponse = await handler(request)

@@ -95,6 +95,16 @@ def watch_request(
     )
 
 
+async def serve_watch_error(request: web.Request, error: JsonObject) -> web.StreamResponse:
+    """A watch that fails once it has started: a 200 stream with one ERROR event, as a real
+    server answers a watch from an expired resourceVersion (410)."""
+    response = web.StreamResponse(headers={"Content-Type": "application/json"})
+    response.enable_chunked_encoding()
+    await response.prepare(request)
+    await _send(response, {"type": "ERROR", "object": error})
+    return response
+
+
 async def serve_watch(
     request: web.Request,
     watch: WatchRequest,
