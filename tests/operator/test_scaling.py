@@ -11,6 +11,7 @@ import signal
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -32,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.cluster]
 
 
-def options(tmp_path: Path, **changes: float) -> DemoOptions:
+def options(tmp_path: Path, **changes: Any) -> DemoOptions:
     small = DemoOptions(
         workdir=tmp_path,
         tasks=4,
@@ -67,7 +68,7 @@ def test_scaling_back_in_the_middle_of_a_scale_out_then_to_zero_and_up_again(
     tmp_path: Path,
 ) -> None:
     out = io.StringIO()
-    with session(options(tmp_path), out) as running:
+    with session(options(tmp_path, spark=False), out) as running:
         watcher = running.watcher
         start_steady(running)
 
@@ -93,7 +94,7 @@ def test_the_operator_killed_mid_hand_over_and_its_status_wiped_resumes_exactly(
     tmp_path: Path,
 ) -> None:
     out = io.StringIO()
-    with session(options(tmp_path), out) as running:
+    with session(options(tmp_path, spark=False), out) as running:
         watcher = running.watcher
         start_steady(running)
         with status_stream(running) as stream:
@@ -121,7 +122,7 @@ def test_the_operator_killed_mid_hand_over_and_its_status_wiped_resumes_exactly(
 
 def test_a_drain_that_times_out_moves_the_tasks_anyway_with_a_warning(tmp_path: Path) -> None:
     out = io.StringIO()
-    with session(options(tmp_path, drain_timeout=0.5), out) as running:
+    with session(options(tmp_path, drain_timeout=0.5, spark=False), out) as running:
         watcher = running.watcher
         running.apply(replicas=2)
         watcher.run_until(lambda: watcher.settled(2), "two instances running")
@@ -181,7 +182,7 @@ def test_the_app_deleted_mid_scale_releases_its_tasks_and_resumes_exactly_when_r
     tmp_path: Path,
 ) -> None:
     out = io.StringIO()
-    with session(options(tmp_path), out) as running:
+    with session(options(tmp_path, spark=False), out) as running:
         watcher = running.watcher
         start_steady(running)
         running.scale(2)
@@ -235,7 +236,7 @@ def test_two_operators_acting_at_once_through_a_scale_out_never_interleave_their
     step, one transactional id per app): the one fenced says so and steps back until its next
     poll; the scalings finish, exact, never two owners, every output checked."""
     out = io.StringIO()
-    with session(options(tmp_path), out) as running:
+    with session(options(tmp_path, spark=False), out) as running:
         watcher = running.watcher
         start_steady(running)
         second = running.install_operator("second")
@@ -255,7 +256,7 @@ def test_two_operators_acting_at_once_through_a_scale_out_never_interleave_their
 
 def test_a_warmup_pod_killed_mid_restore_is_replaced_and_warms_up_again(tmp_path: Path) -> None:
     out = io.StringIO()
-    with session(options(tmp_path, backlog=40_000), out) as running:
+    with session(options(tmp_path, backlog=40_000, spark=False), out) as running:
         watcher = running.watcher
         start_steady(running)
         running.scale(2)
@@ -276,7 +277,7 @@ def test_a_source_restarted_in_place_mid_hand_over_still_ends_the_hand_over(
     and restarted in place by the kubelet (same pod, same disk); the task still reaches its
     new owner, without a timeout."""
     out = io.StringIO()
-    with session(options(tmp_path), out) as running:
+    with session(options(tmp_path, spark=False), out) as running:
         watcher = running.watcher
         start_steady(running)
         with status_stream(running) as stream:
@@ -312,7 +313,7 @@ def test_kafka_down_mid_hand_over_degrades_the_app_and_it_finishes_once_kafka_is
     says Degraded (KafkaUnavailable), no pod is deleted or re-created meanwhile, and once the
     broker is back the scale-out finishes, exact, with no two owners at once."""
     out = io.StringIO()
-    with session(options(tmp_path), out) as running:
+    with session(options(tmp_path, spark=False), out) as running:
         watcher = running.watcher
         start_steady(running)
         with status_stream(running) as stream:
@@ -405,7 +406,7 @@ def test_two_operator_replicas_the_leader_killed_mid_hand_over_the_other_finishe
     and not replaced, the other takes over once the leader's keepalive runs out and finishes
     the scale-out, exact, no two owners."""
     out = io.StringIO()
-    with session(options(tmp_path), out) as running:
+    with session(options(tmp_path, spark=False), out) as running:
         watcher = running.watcher
         running.operator.stop()
         running.apply(replicas=1)
@@ -436,7 +437,7 @@ def test_a_warmup_pod_that_hangs_gets_nothing_and_a_condition_says_why(tmp_path:
     moves to it on the word of its last report, its owner keeps processing, and the app is
     Degraded with InstanceNotReporting; thawed, it catches up and the scale-out finishes."""
     out = io.StringIO()
-    with session(options(tmp_path, backlog=40_000), out) as running:
+    with session(options(tmp_path, backlog=40_000, spark=False), out) as running:
         watcher = running.watcher
         start_steady(running)
         running.scale(2)
@@ -475,7 +476,7 @@ def test_api_trouble_mid_scale_conflicts_expired_watches_and_5xx_the_scale_finis
     in the middle of a hand-over: the operator retries through it all and the scale-out
     finishes, exact, no two owners."""
     out = io.StringIO()
-    with session(options(tmp_path), out) as running:
+    with session(options(tmp_path, spark=False), out) as running:
         watcher = running.watcher
         start_steady(running)
         running.scale(2)

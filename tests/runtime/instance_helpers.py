@@ -8,14 +8,15 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from examples.pipelines.running_count import pipeline as running_count
 
 from devstack.kafka.embedded import EmbeddedKafka
 from devstack.kafka.front import KafkaFront
+from devstack.protocolworker import batch_reader, read_batch
 from smoothscale.kafka import names
 from smoothscale.runtime.config import WorkerConfig
-from smoothscale.runtime.instance import BatchInput, DeadLetterSender, Instance
+from smoothscale.runtime.instance import DeadLetterSender, Instance
 from smoothscale.runtime.metrics import InstanceMetrics
 from smoothscale.runtime.pipeline import Output, Pipeline
 from tests.runtime.kafka_helpers import read_committed, unique, wait_for
@@ -152,39 +153,12 @@ def feed(instance: Instance, limit: int = 50, tick: bool = True) -> int:
 
 
 def _batch(instance: Instance, limit: int) -> int:
-    config = instance.config
     starts = instance.read_from()
     if not starts:
         return 0
-    consumer = Consumer(
-        {
-            "bootstrap.servers": config.bootstrap_servers,
-            "group.id": unique("feeder"),
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-        }
-    )
-    batch = BatchInput()
+    consumer = batch_reader(instance.config, unique("feeder"))
     try:
-        for (topic, partition), offset in starts.items():
-            high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[1]
-            end = min(high, offset + limit)
-            if end <= offset:
-                continue
-            consumer.assign([TopicPartition(topic, partition, offset)])
-            counts: Counter[str] = Counter()
-            read = 0
-            while read < end - offset:
-                for message in consumer.consume(end - offset - read, 1.0):
-                    if message.error() is None:
-                        counts[json.loads(message.value() or b"")["user"]] += 1
-                        read += 1
-                        _kind, millis = message.timestamp()
-                        newest = max(millis / 1000, batch.newest.get(partition, 0.0))
-                        batch.newest[partition] = newest
-            batch.ends[partition] = {topic: end}
-            batch.counts[partition] = read
-            batch.updates[partition] = sorted(counts.items())
+        batch = read_batch(consumer, starts, limit)
     finally:
         consumer.close()
     instance.commit_batch(batch)

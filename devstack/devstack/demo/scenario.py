@@ -49,6 +49,7 @@ from devstack.demo.timeline import (
     write_timelines,
 )
 from devstack.kafka.control import KafkaControl
+from devstack.protocolworker import image_directory
 from devstack.stack import LocalStack, StackInfo
 from smoothscale.kafka import names
 from smoothscale.kafka.progress import InputPositionCommitter
@@ -93,6 +94,10 @@ class DemoOptions:
     phase_timeout: float = 600.0
     examples_root: Path = field(default_factory=Path.cwd)
     """The directory that holds examples/ (the pipeline's package)."""
+    spark: bool = True
+    """Whether the pods run `smoothscale worker` (a Spark driver each), or the protocol worker
+    (devstack.protocolworker: the same worker with its micro-batches computed without Spark),
+    for scenarios whose subject is the hand-over protocol, not the runtime."""
 
 
 class DemoError(RuntimeError):
@@ -208,6 +213,10 @@ def tool_binary(root: Path, name: str) -> str:
 def streaming_app(options: DemoOptions, bootstrap_servers: str) -> dict[str, Any]:
     """The demo's StreamingApp, as a user would write it."""
     seconds = f"{round(options.poll_interval * 1000)}ms"
+    env = [{"name": "PYTHONPATH", "value": str(options.examples_root.resolve())}]
+    if not options.spark:
+        image = image_directory(options.workdir)
+        env.append({"name": "PATH", "value": f"{image}{os.pathsep}{os.environ.get('PATH', '')}"})
     return {
         "apiVersion": "smoothscale.io/v1alpha1",
         "kind": "StreamingApp",
@@ -215,7 +224,7 @@ def streaming_app(options: DemoOptions, bootstrap_servers: str) -> dict[str, Any
         "spec": {
             "replicas": 1,
             "image": "ghcr.io/smoothscale/smoothscale:0.1.0",
-            "env": [{"name": "PYTHONPATH", "value": str(options.examples_root.resolve())}],
+            "env": env,
             "pipeline": {
                 "ref": PIPELINE,
                 "triggerInterval": f"{round(options.trigger_interval * 1000)}ms",

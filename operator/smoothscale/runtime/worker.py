@@ -19,10 +19,10 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.decode import classify
@@ -273,9 +273,26 @@ def dead_letter_sender(topic: str) -> DeadLetterSender:
     return send
 
 
-def run_worker(config: WorkerConfig) -> int:
+class Engine(Protocol):
+    """What runs an instance's micro-batches: each takes the instance's `batch()` lock, reads
+    its active tasks' input from `read_from()` (and the warm-up sample of `warm_up_from()`),
+    and ends in `commit_batch` and `after_batch`. The worker's Spark query is the one that
+    ships; the local test bed runs protocol scenarios with one without Spark."""
+
+    def failure(self) -> str | None:
+        """Why the engine stopped running batches; None while it runs them."""
+
+    def stop(self) -> None:
+        """Stop running batches and free what the engine holds."""
+
+
+EngineStarter = Callable[[WorkerConfig, Instance, Pipeline, InstanceMetrics], Engine]
+
+
+def run_worker(config: WorkerConfig, start_engine: "EngineStarter | None" = None) -> int:
     """Run the instance until SIGTERM (or SIGINT), or until its pod is replaced under its name;
-    returns the process exit code."""
+    returns the process exit code. `start_engine` runs its micro-batches (default: the Spark
+    streaming query)."""
     pipeline = load_pipeline(config.pipeline)
     metrics = InstanceMetrics()
     server = start_http_server(config.metrics_port, metrics)
@@ -283,7 +300,6 @@ def run_worker(config: WorkerConfig) -> int:
         "instance %s of %s: metrics on port %d", config.instance_id, config.app_id, server.port
     )
     config.state_dir.mkdir(parents=True, exist_ok=True)
-    checkpoint = tempfile.mkdtemp(prefix="smoothscale-checkpoint-")
     instance = Instance(
         config,
         pipeline,
@@ -293,20 +309,20 @@ def run_worker(config: WorkerConfig) -> int:
     )
     stop = StopRequest()
     stop.install()
-    spark: SparkSession | None = None
-    query: StreamingQuery | None = None
+    engine: Engine | None = None
     try:
         instance.start()
         with _ticking(instance):
-            spark, query = _start_query(config, instance, pipeline, metrics, checkpoint)
-            _warm_up(instance, query)
+            engine = (start_engine or SparkQuery.start)(config, instance, pipeline, metrics)
+            _warm_up(instance, engine)
         stop.install()  # again: PySpark installs its own SIGINT handler
         metrics.set_ready(True)
         log.info("instance %s ready", config.instance_id)
         keep_warm = KeepWarm(instance)
         while stop.signal is None and not instance.replaced:
-            if not query.isActive:
-                raise RuntimeError(f"the streaming query stopped: {query.exception()}")
+            failure = engine.failure()
+            if failure is not None:
+                raise RuntimeError(f"the micro-batches stopped: {failure}")
             instance.tick()
             keep_warm.tick()
             time.sleep(TICK_SECONDS)
@@ -323,12 +339,9 @@ def run_worker(config: WorkerConfig) -> int:
                 "a micro-batch did not finish within %s s: exiting without releasing tasks",
                 budget,
             )
-        if query is not None:
-            query.stop()
-        if spark is not None:
-            spark.stop()
+        if engine is not None:
+            engine.stop()
         server.stop()
-        shutil.rmtree(checkpoint, ignore_errors=True)
     log.info("instance %s stopped", config.instance_id)
     return 0
 
@@ -350,14 +363,14 @@ def wait_for_hand_overs(instance: Instance, window: float) -> None:
         )
 
 
-def _warm_up(instance: Instance, query: "StreamingQuery") -> None:
+def _warm_up(instance: Instance, engine: Engine) -> None:
     """Before the instance says it is ready: one micro-batch over a sample of recent input."""
     if not instance.warm_up():
         log.info("no input to warm up with: ready cold")
         return
     deadline = time.monotonic() + WARM_UP_TIMEOUT_SECONDS
     while not instance.warmed.wait(TICK_SECONDS):
-        if not query.isActive or time.monotonic() > deadline:
+        if engine.failure() is not None or time.monotonic() > deadline:
             log.warning("no warm-up batch within %s s: ready cold", WARM_UP_TIMEOUT_SECONDS)
             break
     instance.end_warm_up()
@@ -421,38 +434,59 @@ def _ticking(instance: Instance) -> Iterator[None]:
         raise failures[0]
 
 
-def _start_query(
-    config: WorkerConfig,
-    instance: Instance,
-    pipeline: Pipeline,
-    metrics: InstanceMetrics,
-    checkpoint: str,
-) -> "tuple[SparkSession, StreamingQuery]":
-    """Start Spark and the one streaming query over the instance's active tasks."""
-    from smoothscale.runtime.spark import local_session
+class SparkQuery:
+    """The engine that ships: one PySpark streaming query over the instance's active tasks
+    (the smoothscale-kafka source, foreachBatch(MicroBatch))."""
 
-    spark = local_session(f"smoothscale-{config.app_id}-{config.instance_id}")
-    reader = (
-        spark.readStream.format("smoothscale-kafka")
-        .option("bootstrap.servers", config.bootstrap_servers)
-        .option("topics", ",".join(config.input_topics))
-        .option("plan.path", str(instance.plan_path))
-        .option("max.records.per.partition", str(config.max_records_per_partition))
-    )
-    if config.trigger_interval > 0:
-        # The source paces the batches (see KafkaStreamReader.latestOffset), so that a task
-        # taken over starts at once instead of at the next trigger; Spark only polls it.
-        reader = reader.option(BATCH_INTERVAL_OPTION, str(config.trigger_interval))
-    for name, value in config.kafka_config.items():
-        reader = reader.option(f"kafka.{name}", value)
-    query = (
-        reader.load()
-        .writeStream.foreachBatch(MicroBatch(instance, pipeline, metrics))
-        .trigger(processingTime="0 seconds")
-        .option("checkpointLocation", checkpoint)
-        .start()
-    )
-    return spark, query
+    def __init__(self, spark: "SparkSession", query: "StreamingQuery", checkpoint: str) -> None:
+        self.spark, self.query, self.checkpoint = spark, query, checkpoint
+
+    @classmethod
+    def start(
+        cls,
+        config: WorkerConfig,
+        instance: Instance,
+        pipeline: Pipeline,
+        metrics: InstanceMetrics,
+    ) -> "SparkQuery":
+        """Start Spark and the query, with a fresh checkpoint (see the module's docstring)."""
+        from smoothscale.runtime.spark import local_session
+
+        checkpoint = tempfile.mkdtemp(prefix="smoothscale-checkpoint-")
+        try:
+            spark = local_session(f"smoothscale-{config.app_id}-{config.instance_id}")
+            reader = (
+                spark.readStream.format("smoothscale-kafka")
+                .option("bootstrap.servers", config.bootstrap_servers)
+                .option("topics", ",".join(config.input_topics))
+                .option("plan.path", str(instance.plan_path))
+                .option("max.records.per.partition", str(config.max_records_per_partition))
+            )
+            if config.trigger_interval > 0:
+                # The source paces the batches (see KafkaStreamReader.latestOffset), so that a task
+                # taken over starts at once instead of at the next trigger; Spark only polls it.
+                reader = reader.option(BATCH_INTERVAL_OPTION, str(config.trigger_interval))
+            for name, value in config.kafka_config.items():
+                reader = reader.option(f"kafka.{name}", value)
+            query = (
+                reader.load()
+                .writeStream.foreachBatch(MicroBatch(instance, pipeline, metrics))
+                .trigger(processingTime="0 seconds")
+                .option("checkpointLocation", checkpoint)
+                .start()
+            )
+        except BaseException:
+            shutil.rmtree(checkpoint, ignore_errors=True)
+            raise
+        return cls(spark, query, checkpoint)
+
+    def failure(self) -> str | None:
+        return None if self.query.isActive else f"the streaming query: {self.query.exception()}"
+
+    def stop(self) -> None:
+        self.query.stop()
+        self.spark.stop()
+        shutil.rmtree(self.checkpoint, ignore_errors=True)
 
 
 class StopRequest:
