@@ -3,6 +3,10 @@ scaling again in the middle of a scale, to zero and back, the operator killed (a
 wiped) in the middle of a hand-over, an active pod killed, the app deleted mid-scale. Each ends
 with the final state exact and, by the ownership timeline the instances wrote, no task ever
 processed by two instances at once.
+
+Scenarios about the runtime run Spark workers; those about the hand-over protocol
+(`spark=False`) run the protocol worker, the same worker without a Spark driver
+(devstack/protocolworker.py).
 """
 
 import io
@@ -30,7 +34,7 @@ from smoothscale.kafka import names
 from tests.operator.status_stream import handing_over, status_stream
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.cluster]
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 
 def options(tmp_path: Path, **changes: Any) -> DemoOptions:
@@ -135,6 +139,7 @@ def test_a_drain_that_times_out_moves_the_tasks_anyway_with_a_warning(tmp_path: 
         assert running.finish(), out.getvalue()
 
 
+@pytest.mark.spark
 def test_a_fresh_pod_warms_up_from_a_compacted_changelog_and_takes_over_exactly(
     tmp_path: Path,
 ) -> None:
@@ -160,6 +165,7 @@ def test_a_fresh_pod_warms_up_from_a_compacted_changelog_and_takes_over_exactly(
         assert running.finish(), out.getvalue()
 
 
+@pytest.mark.spark
 def test_under_a_sustained_load_a_small_acceptable_lag_still_lets_tasks_move(
     tmp_path: Path,
 ) -> None:
@@ -202,6 +208,7 @@ def test_the_app_deleted_mid_scale_releases_its_tasks_and_resumes_exactly_when_r
         assert running.finish(), out.getvalue()
 
 
+@pytest.mark.spark
 def test_an_active_pod_killed_mid_batch_fails_its_tasks_over_at_once_exactly(
     tmp_path: Path,
 ) -> None:
@@ -345,6 +352,7 @@ def template_hashes(running: Session) -> dict[str, str]:
     }
 
 
+@pytest.mark.spark
 @pytest.mark.timeout(1500)
 def test_a_changed_pod_template_rolls_the_pods_one_at_a_time_through_warm_ups(
     tmp_path: Path,
