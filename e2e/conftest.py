@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from devstack.kafka.control import KafkaControl
+from devstack.protocolworker import path_variable
 from devstack.stack import LocalStack
 from e2e.kube import Helm, Kubectl, kubectl_binary, tool_binary
 
@@ -43,7 +44,8 @@ class Cluster:
     kafka_control: KafkaControl | None = None
     app_env: list[dict[str, Any]] = field(default_factory=list)
     """env of the StreamingApps: locally the pipelines' package is the checkout's examples/
-    (the image has them under /app)."""
+    (the image has them under /app), and the pods run the protocol worker (the worker without
+    a Spark driver: these tests are about the chart, its RBAC and the API, not the runtime)."""
 
     def create_topic(self, name: str, partitions: int) -> None:
         if self.kafka_control is not None:
@@ -96,7 +98,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             info.kafka_bootstrap,
             info.audit_log,
             KafkaControl(info.kafka_control),
-            [{"name": "PYTHONPATH", "value": str(Path(__file__).resolve().parent.parent)}],
+            [
+                {"name": "PYTHONPATH", "value": str(Path(__file__).resolve().parent.parent)},
+                path_variable(tmp_path_factory.mktemp("apps")),
+            ],
         )
 
 

@@ -18,7 +18,7 @@ from devstack.demo.scenario import instance_ports
 from e2e.conftest import Cluster
 from e2e.kube import CHART, Kubectl
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.cluster]
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 PIPELINE = "examples.pipelines.running_count:pipeline"
 KOPF_PEERING: dict[str, Any] = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering"}

@@ -8,14 +8,16 @@ Spark is not what it tests. This worker is `smoothscale worker` with one part sw
 transactions, reports, the SIGTERM drain), with micro-batches computed here, in Python, by
 `PythonBatches`, for the running count only (examples.pipelines.running_count).
 
-A scenario runs it by putting `image_directory()` first on the pods' PATH (StreamingApp
-spec.env): the process kubelet then starts this worker for the pods' `smoothscale worker`, as a
-cluster would start whatever the image's `smoothscale` is. Never shipped: the image has Spark.
+A scenario runs it by putting `path_variable()` in the StreamingApp's spec.env (a directory
+first on the pods' PATH): the process kubelet then starts this worker for the pods'
+`smoothscale worker`, as a cluster would start whatever the image's `smoothscale` is. Never
+shipped: the image runs Spark.
 """
 
 import argparse
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -170,9 +172,11 @@ class PythonBatches:
                 return
 
 
-def image_directory(workdir: Path) -> Path:
-    """A directory whose `smoothscale` runs this worker (and `smoothscale worker` only), with
-    this Python: first on a pod's PATH, it stands for an image whose entry point it is."""
+def path_variable(workdir: Path) -> dict[str, str]:
+    """The env entry of a StreamingApp (spec.env) whose pods, on the local stack, run this
+    worker: PATH with a directory under `workdir` first, whose `smoothscale` runs it with this
+    Python (and `smoothscale worker` only), as a cluster runs whatever the image's
+    `smoothscale` is."""
     directory = workdir / "protocol-worker-image"
     directory.mkdir(parents=True, exist_ok=True)
     program = directory / "smoothscale"
@@ -183,7 +187,7 @@ def image_directory(workdir: Path) -> Path:
         "sys.exit(main(sys.argv[1:]))\n"
     )
     program.chmod(0o755)
-    return directory
+    return {"name": "PATH", "value": f"{directory}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
 def main(argv: list[str]) -> int:

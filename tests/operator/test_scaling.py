@@ -94,6 +94,16 @@ def test_scaling_back_in_the_middle_of_a_scale_out_then_to_zero_and_up_again(
         assert running.finish(), out.getvalue()
 
 
+def wipe_status(running: Session) -> None:
+    """The app's status lost (restored from a backup without it, or by GitOps): the operator
+    must rebuild who holds what from its ledger and the instances' reports."""
+    running.kubectl(
+        "patch", "-n", NAMESPACE, "streamingapp", APP_NAME, "--subresource=status",
+        "--type=merge", "-p",
+        json.dumps({"status": {"tasks": [], "instances": [], "assignmentGeneration": 0}}),
+    )  # fmt: skip
+
+
 def test_the_operator_killed_mid_hand_over_and_its_status_wiped_resumes_exactly(
     tmp_path: Path,
 ) -> None:
@@ -105,22 +115,44 @@ def test_the_operator_killed_mid_hand_over_and_its_status_wiped_resumes_exactly(
             running.scale(2)
             stream.wait(handing_over, "a hand-over in flight")
             running.restart_operator()
-        running.kubectl(
-            "patch",
-            "-n",
-            NAMESPACE,
-            "streamingapp",
-            APP_NAME,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            json.dumps({"status": {"tasks": [], "instances": [], "assignmentGeneration": 0}}),
-        )
+        wipe_status(running)
         watcher.run_until(lambda: watcher.settled(2), "the scale-out finished by the new operator")
         running.restart_operator()
         running.scale(1)
         watcher.run_until(lambda: watcher.settled(1), "the scale-in")
         watcher.run_until(lambda: pods(running) == [f"{APP_NAME}-0"], "the drained pod gone")
+        assert running.finish(), out.getvalue()
+
+
+def test_the_operator_lost_its_status_wiped_and_the_releasing_pod_re_created_mid_hand_over(
+    tmp_path: Path,
+) -> None:
+    """Issue 19.7 (c): in the middle of a hand-over from the first pod, the operator's pod is
+    lost, the app's status wiped, and the releasing pod force-deleted (its process lives out
+    its grace period, as under a real kubelet). The operator comes back with nothing but its
+    ledger and the instances' reports: the re-created pod (same name, new uid) inherits no
+    ownership from its predecessor's reports, every hand-over ends, and the scale-out finishes
+    exact, never two owners, every output checked."""
+    out = io.StringIO()
+    with session(options(tmp_path, spark=False), out) as running:
+        watcher = running.watcher
+        start_steady(running)
+        releasing = f"{APP_NAME}-0"
+        with status_stream(running) as stream:
+            running.scale(2)
+            stream.wait(handing_over, "a hand-over in flight")
+            running.operator.lose()
+        before = pod_uids(running)[releasing]
+        wipe_status(running)
+        running.kubectl("delete", "pod", "-n", NAMESPACE, releasing, "--grace-period=0", "--force")
+        running.operator.resume()
+
+        def re_created() -> bool:
+            return pod_uids(running).get(releasing) not in (None, before)
+
+        watcher.run_until(re_created, f"{releasing} re-created under its name")
+        watcher.run_until(lambda: watcher.settled(2), "the scale-out finished")
+        assert not handing_over(watcher.status), "every hand-over ended"
         assert running.finish(), out.getvalue()
 
 

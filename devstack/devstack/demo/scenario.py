@@ -49,7 +49,7 @@ from devstack.demo.timeline import (
     write_timelines,
 )
 from devstack.kafka.control import KafkaControl
-from devstack.protocolworker import image_directory
+from devstack.protocolworker import path_variable
 from devstack.stack import LocalStack, StackInfo
 from smoothscale.kafka import names
 from smoothscale.kafka.progress import InputPositionCommitter
@@ -215,8 +215,7 @@ def streaming_app(options: DemoOptions, bootstrap_servers: str) -> dict[str, Any
     seconds = f"{round(options.poll_interval * 1000)}ms"
     env = [{"name": "PYTHONPATH", "value": str(options.examples_root.resolve())}]
     if not options.spark:
-        image = image_directory(options.workdir)
-        env.append({"name": "PATH", "value": f"{image}{os.pathsep}{os.environ.get('PATH', '')}"})
+        env.append(path_variable(options.workdir))
     return {
         "apiVersion": "smoothscale.io/v1alpha1",
         "kind": "StreamingApp",
@@ -392,6 +391,25 @@ class Operator:
             "scale", "-n", OPERATOR_NAMESPACE, "deployment", "-l", self._selector, "--replicas=0"
         )
         self.kubectl.say(f"operator release {self.name}: its pod SIGKILLed and not replaced")
+
+    def resume(self, timeout: float = 120.0) -> None:
+        """After `lose`: its Deployment scaled back to one, and wait for its new pod Ready."""
+        self.kubectl(
+            "scale", "-n", OPERATOR_NAMESPACE, "deployment", "-l", self._selector, "--replicas=1"
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                conditions = self.pod().get("status", {}).get("conditions") or []
+            except DemoError:  # the lost pod not gone yet, or the new one not created yet
+                conditions = []
+            if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
+                break
+            if time.monotonic() > deadline:
+                raise DemoError(f"operator release {self.name}: no pod Ready within {timeout} s")
+            time.sleep(1)
+        self._checked = time.monotonic()
+        self.kubectl.say(f"operator release {self.name}: running again")
 
     def stop(self) -> None:
         self.helm("uninstall", self.name, "--namespace", OPERATOR_NAMESPACE, "--wait")
