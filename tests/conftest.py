@@ -13,10 +13,20 @@ REPOSITORY = Path(__file__).resolve().parent.parent
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The long scenarios first, in their order: the gate runs tests on several workers
-    (scripts/test), and the longest first lets them run side by side while the short tests
-    fill in at the end, instead of one long scenario running alone while the others idle."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The long scenarios first: the gate runs tests on several workers (scripts/test), and
+    the longest first lets them run side by side while the short tests fill in at the end,
+    instead of one long scenario running alone while the others idle. Longest by what a test
+    declares: a longer timeout of its own first, then Spark scenarios, then other slow ones,
+    each group in collection order."""
+
+    def length(item: pytest.Item) -> tuple[bool, float, bool]:
+        timeout = item.get_closest_marker("timeout")
+        declared = float(timeout.args[0]) if timeout is not None and timeout.args else 0.0
+        slow = item.get_closest_marker("slow") is not None
+        spark = item.get_closest_marker("spark") is not None
+        return (not slow, -declared, not spark)
+
+    items.sort(key=length)
 
 
 @pytest.fixture(scope="session")
