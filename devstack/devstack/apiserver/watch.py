@@ -95,12 +95,18 @@ def watch_request(
     )
 
 
-async def serve_watch_error(request: web.Request, error: JsonObject) -> web.StreamResponse:
-    """A watch that fails once it has started: a 200 stream with one ERROR event, as a real
-    server answers a watch from an expired resourceVersion (410)."""
+async def _stream(request: web.Request) -> web.StreamResponse:
+    """A watch's 200 response, started: its events follow as JSON lines."""
     response = web.StreamResponse(headers={"Content-Type": "application/json"})
     response.enable_chunked_encoding()
     await response.prepare(request)
+    return response
+
+
+async def serve_watch_error(request: web.Request, error: JsonObject) -> web.StreamResponse:
+    """A watch that fails once it has started: a 200 stream with one ERROR event, as a real
+    server answers a watch from an expired resourceVersion (410)."""
+    response = await _stream(request)
     await _send(response, {"type": "ERROR", "object": error})
     return response
 
@@ -120,16 +126,13 @@ async def serve_watch(
     since = None
     if since_text not in ("", "0") and not watch.initial_events:
         since = int(query.number(request.query, "resourceVersion", 0))
-    response = web.StreamResponse(headers={"Content-Type": "application/json"})
-    response.enable_chunked_encoding()
-    await response.prepare(request)
     try:
         subscription = store.watch(watch.rt, since)
     except ApiError as error:
-        await _send(response, {"type": "ERROR", "object": error.status()})
-        return response
+        return await serve_watch_error(request, error.status())
     queue = subscription.queue
     try:
+        response = await _stream(request)
         if watch.initial_events and watch.bookmarks:
             for _ in range(queue.qsize()):
                 await _send_change(response, watch, queue.get_nowait())
