@@ -239,6 +239,7 @@ def process_spec(
                 env=process_environment({**(cluster_env or {}), **env}, base_env),
                 readiness_probe=probe_of(container, container.get("readinessProbe")),
                 liveness_probe=probe_of(container, container.get("livenessProbe")),
+                startup_probe=probe_of(container, container.get("startupProbe")),
                 message_from_log=container.get("terminationMessagePolicy")
                 == "FallbackToLogsOnError",
             )

@@ -65,7 +65,7 @@ def container_status(spec: JsonObject, snapshot: ContainerSnapshot) -> JsonObjec
         "state": state,
         "lastState": last_state,
         "ready": snapshot.ready and running,
-        "started": running,
+        "started": snapshot.started and running,
         "restartCount": snapshot.restart_count,
     }
 

@@ -105,3 +105,8 @@ class ProbeVerdict:
             if self._failures >= self._probe.failure_threshold:
                 self.passing = False
         return self.passing
+
+    @property
+    def failed(self) -> bool:
+        """`failure_threshold` failures in a row, the last result included."""
+        return self._failures >= self._probe.failure_threshold

@@ -3,7 +3,9 @@
 Each container is one process in its own process group (so a signal reaches everything it
 started), with its own working directory and a log file for its stdout and stderr. A supervisor
 thread per container restarts it per the restart policy with a short, capped back-off; probe
-threads run its readiness and liveness probes. Stopping a pod sends SIGTERM to every
+threads run its startup, readiness and liveness probes, as a kubelet does: until the startup
+probe passes, the other two wait (a failing startup probe restarts the container); once it
+passes, readiness is probed at once. Stopping a pod sends SIGTERM to every
 container's process group, waits up to the grace period, then sends SIGKILL.
 """
 
@@ -60,6 +62,7 @@ class ContainerSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     readiness_probe: Probe | None = None
     liveness_probe: Probe | None = None
+    startup_probe: Probe | None = None
     message_from_log: bool = False
     """terminationMessagePolicy FallbackToLogsOnError: a failed run's termination message is
     the tail of its log (the process kubelet has no termination-log file)."""
@@ -90,6 +93,12 @@ class Termination:
     message: str | None = None
 
 
+class ProbeKind(enum.Enum):
+    STARTUP = "startup"
+    READINESS = "readiness"
+    LIVENESS = "liveness"
+
+
 class ContainerPhase(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -108,6 +117,8 @@ class ContainerSnapshot:
     last_termination: Termination | None = None
     restart_count: int = 0
     ready: bool = False
+    started: bool = False
+    """Running, and its startup probe (if any) has passed."""
     pid: int | None = None
     final: bool = False
     """Terminated and will not be restarted."""
@@ -191,18 +202,16 @@ class _Container:
             spec.name, ContainerPhase.WAITING, waiting_reason="ContainerCreating"
         )
         self._threads = [threading.Thread(target=self._supervise, daemon=True)]
-        if spec.readiness_probe is not None:
-            self._threads.append(
-                threading.Thread(
-                    target=self._probe_loop, args=(spec.readiness_probe, False), daemon=True
+        probes = (
+            (spec.startup_probe, ProbeKind.STARTUP),
+            (spec.readiness_probe, ProbeKind.READINESS),
+            (spec.liveness_probe, ProbeKind.LIVENESS),
+        )
+        for probe, kind in probes:
+            if probe is not None:
+                self._threads.append(
+                    threading.Thread(target=self._probe_loop, args=(probe, kind), daemon=True)
                 )
-            )
-        if spec.liveness_probe is not None:
-            self._threads.append(
-                threading.Thread(
-                    target=self._probe_loop, args=(spec.liveness_probe, True), daemon=True
-                )
-            )
 
     def start(self) -> None:
         self.working_directory.mkdir(parents=True, exist_ok=True)
@@ -293,7 +302,8 @@ class _Container:
                     started_at=started_at,
                     last_termination=previous.termination,
                     restart_count=previous.restart_count + (1 if self._run_number > 0 else 0),
-                    ready=self.spec.readiness_probe is None,
+                    ready=self.spec.readiness_probe is None and self.spec.startup_probe is None,
+                    started=self.spec.startup_probe is None,
                     pid=process.pid,
                 )
                 self._run_number += 1
@@ -303,21 +313,33 @@ class _Container:
 
     # Probes.
 
-    def _probe_loop(self, probe: Probe, liveness: bool) -> None:
+    def _probe_loop(self, probe: Probe, kind: "ProbeKind") -> None:
+        """Probe the current run every period from its initial delay. Readiness and liveness
+        wait for the run to have started (its startup probe passed), and readiness is probed at
+        once when it has, as a kubelet does; startup stops probing once it passed."""
+        liveness = kind is ProbeKind.LIVENESS
         run_seen = 0
         verdict = ProbeVerdict(probe, initially=liveness)
-        next_at = 0.0
+        next_at = first_at = 0.0
+        was_started = False
         while not self._stopping.is_set():
             with self._lock:
                 run_number = self._run_number
                 running = self._snapshot.phase is ContainerPhase.RUNNING
-            if not running:
-                self._stopping.wait(0.05)
-                continue
-            if run_number != run_seen:
+                started = self._snapshot.started
+            if run_number != run_seen and running:
                 run_seen = run_number
                 verdict = ProbeVerdict(probe, initially=liveness)
-                next_at = time.monotonic() + probe.initial_delay_seconds
+                next_at = first_at = time.monotonic() + probe.initial_delay_seconds
+                was_started = False
+            waiting = started if kind is ProbeKind.STARTUP else not started
+            if not running or waiting:
+                self._stopping.wait(0.05)
+                continue
+            if kind is ProbeKind.READINESS and not was_started:
+                was_started = True
+                if self.spec.startup_probe is not None:
+                    next_at = max(first_at, time.monotonic())
             wait = next_at - time.monotonic()
             if wait > 0:
                 self._stopping.wait(min(wait, 0.05))
@@ -329,15 +351,20 @@ class _Container:
             if not current_run or self._stopping.is_set():
                 continue
             passing = verdict.record(success)
-            if liveness:
+            if kind is ProbeKind.STARTUP:
+                if passing:  # without a readiness probe, started is ready
+                    self._update(started=True, ready=self.spec.readiness_probe is None)
+                elif verdict.failed:
+                    self._restart_for_liveness()
+            elif liveness:
                 if not passing:
                     self._restart_for_liveness()
             elif self.snapshot().ready != passing:
                 self._update(ready=passing)
 
     def _restart_for_liveness(self) -> None:
-        """The liveness probe failed: stop this run gracefully; the supervisor decides per the
-        restart policy whether it starts again."""
+        """The liveness probe failed, or the startup probe did: stop this run gracefully; the
+        supervisor decides per the restart policy whether it starts again."""
         with self._lock:
             process = self._process
             if process is None or process.poll() is not None:

@@ -52,6 +52,7 @@ def one_container(
     env: dict[str, str] | None = None,
     readiness: Probe | None = None,
     liveness: Probe | None = None,
+    startup: Probe | None = None,
 ) -> Callable[[], ContainerSnapshot]:
     runner.start(
         PodProcessSpec(
@@ -63,6 +64,7 @@ def one_container(
                     process_environment(env or {}),
                     readiness_probe=readiness,
                     liveness_probe=liveness,
+                    startup_probe=startup,
                 ),
             ),
             restart_policy=policy,
@@ -313,6 +315,50 @@ def test_a_failing_liveness_probe_restarts_the_container(runner: ProcessRunner) 
     wait_until(lambda: state().restart_count >= 1, what="a liveness restart")
     assert state().last_termination is not None
     assert state().last_termination.signal == signal.SIGTERM  # type: ignore[union-attr]
+
+
+def test_readiness_and_liveness_wait_for_the_startup_probe_then_readiness_is_probed_at_once(
+    runner: ProcessRunner,
+) -> None:
+    startup = Probe(
+        ExecAction(("test", "-f", "started")), period_seconds=0.05, failure_threshold=1000
+    )
+    readiness = Probe(ExecAction(("true",)), period_seconds=60)
+    liveness = Probe(ExecAction(("false",)), period_seconds=0.05, failure_threshold=1)
+    state = one_container(
+        runner,
+        python("import time; time.sleep(60)"),
+        startup=startup,
+        readiness=readiness,
+        liveness=liveness,
+    )
+    wait_until(lambda: state().phase is ContainerPhase.RUNNING, what="running")
+    time.sleep(0.5)
+    assert (state().started, state().ready, state().restart_count) == (False, False, 0)
+    (runner.pod_directory("default_app-0") / "main" / "started").write_text("")
+    # Readiness is probed as soon as the container has started, not a period (60 s) later.
+    wait_until(lambda: state().started and state().ready, timeout=5, what="started, then ready")
+
+
+def test_without_a_readiness_probe_a_container_is_ready_once_started(
+    runner: ProcessRunner,
+) -> None:
+    startup = Probe(
+        ExecAction(("test", "-f", "started")), period_seconds=0.05, failure_threshold=1000
+    )
+    state = one_container(runner, python("import time; time.sleep(60)"), startup=startup)
+    wait_until(lambda: state().phase is ContainerPhase.RUNNING, what="running")
+    time.sleep(0.2)
+    assert not state().ready
+    (runner.pod_directory("default_app-0") / "main" / "started").write_text("")
+    wait_until(lambda: state().ready, what="ready once started")
+
+
+def test_a_startup_probe_that_keeps_failing_restarts_the_container(runner: ProcessRunner) -> None:
+    startup = Probe(ExecAction(("false",)), period_seconds=0.05, failure_threshold=3)
+    state = one_container(runner, python("import time; time.sleep(60)"), startup=startup, grace=0.5)
+    wait_until(lambda: state().restart_count >= 1, what="a restart for the startup probe")
+    assert not state().started
 
 
 def test_back_off_doubles_up_to_its_cap() -> None:
