@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from devstack.kafka.embedded import EmbeddedKafka
 from devstack.kafka.front import KafkaFront
 from smoothscale.kafka.assignments import Assignment, AssignmentWriter, TaskAssignment
 from smoothscale.kafka.progress import ProgressReader, ReportedRole
+from smoothscale.kafka.retention import DELETE_RETENTION
 from smoothscale.runtime import instance as instance_module
 from smoothscale.runtime.changelog import Positioned, RecordKind, marker, parse_record
 from smoothscale.runtime.config import WorkerConfig
@@ -267,15 +269,31 @@ def test_a_delete_is_not_tombstoned_while_the_record_it_replaced_is_unverified(
     assert_compaction_safe(log)
 
 
+@pytest.mark.parametrize("bound", ["state_reuse_seconds", "delete.retention.ms"])
 def test_a_key_deleted_while_the_task_was_away_never_comes_back(
-    kafka_front: KafkaFront, tmp_path: Path
+    kafka_front: KafkaFront, tmp_path: Path, bound: str
 ) -> None:
     """pod-a releases the task and keeps its store on disk; pod-b deletes a key and reclaims
     its records; the cleaner removes them and, once delete.retention.ms has passed, the
-    tombstones too. The task comes back to pod-a after longer than state_reuse_seconds: its old
-    store would still hold the key, so it is restored from scratch instead."""
-    config = app_config(kafka_front, tmp_path).model_copy(update={"state_reuse_seconds": 2.0})
+    tombstones too. The task comes back to pod-a after longer than stores are reused: its old
+    store would still hold the key, so it is restored from scratch instead. Stores are reused
+    for state_reuse_seconds (here 2 s), but never longer than half the changelog's
+    delete.retention.ms (here 4 s, with state_reuse_seconds at its default of 12 h)."""
+    config = app_config(kafka_front, tmp_path)
     topic = config.changelog_topics()[STORE]
+    if bound == "state_reuse_seconds":
+        config = config.model_copy(update={"state_reuse_seconds": 2.0})
+    else:
+        retention = ConfigResource(
+            "topic",
+            topic,
+            incremental_configs=[
+                ConfigEntry(DELETE_RETENTION, "4000", incremental_operation=AlterConfigOpType.SET)
+            ],
+        )
+        admin = AdminClient({"bootstrap.servers": config.bootstrap_servers})
+        for future in admin.incremental_alter_configs([retention]).values():
+            future.result(10)
     operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
     reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
     fed: list[str] = []

@@ -118,7 +118,8 @@ class WorkerConfig(BaseModel):
         description="A local task store last written longer ago than this is restored from "
         "scratch instead of reused: the changelog may have been compacted since, and Kafka keeps "
         "tombstones only delete.retention.ms (default 1 day), so a key deleted meanwhile could "
-        "come back. Keep it at most half the changelogs' delete.retention.ms.",
+        "come back. The instance also never reuses a store for longer than half the changelogs' "
+        "delete.retention.ms, as the brokers give it.",
     )
 
     @field_validator("kafka_config")

@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -40,6 +41,7 @@ from smoothscale.kafka.progress import (
     ReportedRole,
     TaskReport,
 )
+from smoothscale.kafka.retention import DELETE_RETENTION, tombstone_retention_seconds
 from smoothscale.runtime.changelog import (
     ChangelogFormatError,
     ChangelogRecord,
@@ -75,6 +77,10 @@ from smoothscale.runtime.writer import Writer
 from smoothscale.tasks import TaskId, TaskRole
 
 log = logging.getLogger(__name__)
+
+RETENTION_TIMEOUT_SECONDS = 3.0
+"""Longest an instance waits for the brokers to say how long they keep tombstones; without an
+answer it reuses stores for up to state_reuse_seconds, and says so."""
 
 DeadLetterSender = Callable[[Producer, list[Any]], int]
 """Queues a task's bad rows on the task's producer (inside its transaction); returns how many."""
@@ -282,6 +288,9 @@ class Instance:
         self._inputs = InputPositionCommitter(config.bootstrap_servers, config.app_id, client)
         self._offsets = restore_consumer(config)
         self._restore = RestoreLoop(config, self._count_restored)
+        self._reuse_seconds: Future[float] = Future()
+        """How long after its last write a local store is reused (`_state_reuse_limit`), read
+        from the brokers in the background from `start`."""
 
     # Lifecycle -------------------------------------------------------------------------
 
@@ -290,11 +299,53 @@ class Instance:
         pod reported last, and take the first assignment."""
         self._write_plan()
         self._restore.start()
+        threading.Thread(
+            target=lambda: self._reuse_seconds.set_result(self._read_state_reuse_limit()),
+            name="delete-retention",
+            daemon=True,
+        ).start()
         self._previous_reports = self._read_previous_reports()
         first = self._follower.poll(timeout=first_assignment_timeout)
         if first is not None:
             self._pending = first
         self.tick()
+
+    def _state_reuse_limit(self) -> float:
+        """How long after its last write a local store may be reused: state_reuse_seconds, but
+        at most half the shortest `delete.retention.ms` of the changelogs, so that every delete
+        written since is still there to read (the other half is the restore's margin). The
+        brokers are asked once, as the instance starts; a store to reuse waits for their answer
+        (at most RETENTION_TIMEOUT_SECONDS)."""
+        return self._reuse_seconds.result()
+
+    def _read_state_reuse_limit(self) -> float:
+        configured = self.config.state_reuse_seconds
+        topics = sorted(set(self.config.changelog_topics().values()))
+        try:
+            retention = tombstone_retention_seconds(
+                self.config.client_config(), topics, RETENTION_TIMEOUT_SECONDS
+            )
+        except Exception as error:  # whatever the brokers answer, a store must not wait for ever
+            log.warning(
+                "cannot read %s of the changelogs %s (%s): local stores are reused for up to "
+                "state_reuse_seconds (%.0f s), which is safe only while that is at most half "
+                "of it; grant the instance's Kafka principal DescribeConfigs on its changelogs",
+                DELETE_RETENTION,
+                ", ".join(topics),
+                error,
+                configured,
+            )
+            return configured
+        limit = min([configured, *(seconds / 2 for seconds in retention.values())])
+        if limit < configured:
+            log.info(
+                "local stores are reused for up to %.0f s after their last write: half the "
+                "changelogs' shortest %s, below state_reuse_seconds (%.0f s)",
+                limit,
+                DELETE_RETENTION,
+                configured,
+            )
+        return limit
 
     def _read_previous_reports(self) -> dict[TaskId, TaskReport]:
         """This pod's last reports, from a previous run of it (a container restarted in
@@ -1106,19 +1157,20 @@ class Instance:
 
     def _checked(self, state: TaskState) -> TaskState:
         """`state`, or a new empty store for its task when it is stale: last written longer
-        ago than state_reuse_seconds (the changelog may have been compacted since, its
-        tombstones gone: a key deleted meanwhile would come back), or it applied its own writes
-        past its verified offset and a higher writer wrote there (this instance was a zombie)."""
+        ago than stores are reused (`_state_reuse_limit`: the changelog may have been compacted
+        since, its tombstones gone: a key deleted meanwhile would come back), or it applied its
+        own writes past its verified offset and a higher writer wrote there (this instance was a
+        zombie)."""
         task = state.task
         written = state.last_written()
-        if written is not None and time.time() - written > self.config.state_reuse_seconds:
+        if written is not None and time.time() - written > self._state_reuse_limit():
             log.warning(
-                "task %d: the local store was last written %.0f s ago, longer than "
-                "state_reuse_seconds (%.0f): the changelog may have been compacted since, so it "
-                "is restored from scratch",
+                "task %d: the local store was last written %.0f s ago, longer than stores are "
+                "reused (%.0f s): the changelog may have been compacted since, so it is "
+                "restored from scratch",
                 task,
                 time.time() - written,
-                self.config.state_reuse_seconds,
+                self._state_reuse_limit(),
             )
             return self._wiped(state)
         for store in state.stores:
