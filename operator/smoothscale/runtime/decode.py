@@ -97,6 +97,11 @@ def classify(batch: "DataFrame", pipeline: Pipeline) -> "DataFrame":
     return parsed.withColumn(_REASON_COLUMN, _reason(pipeline, fields, text))
 
 
+def reason(classified: "DataFrame") -> "Column":
+    """The classified rows' reason column: why a row is bad, null for a good row."""
+    return classified[_REASON_COLUMN]
+
+
 def split(classified: "DataFrame", pipeline: Pipeline) -> "tuple[DataFrame, DataFrame]":
     """Classified rows as (good rows, bad rows).
 

@@ -115,7 +115,7 @@ class MicroBatch:
         rows (`columns`: the source's)."""
         from pyspark.sql import functions as F
 
-        from smoothscale.runtime.decode import split
+        from smoothscale.runtime.decode import reason, split
 
         ranges = (
             classified.groupBy("topic", "partition")
@@ -123,6 +123,7 @@ class MicroBatch:
                 F.max("offset").alias("last"),
                 F.count("*").alias("records"),
                 F.max("timestamp").alias("newest"),
+                F.count(reason(classified)).alias("bad"),
             )
             .collect()
         )
@@ -130,7 +131,9 @@ class MicroBatch:
             return None
         rows = classified.select(*columns)
         good, bad = split(classified, self.pipeline)
-        bad_rows = bad.collect()
+        # Bad records are rare: a Spark job fetches them only when the ranges counted some (a
+        # small batch costs Spark mostly per job, docs/runtime.md, A micro-batch).
+        bad_rows = bad.collect() if any(row["bad"] for row in ranges) else []
         updates, poisoned = self._aggregate(rows, good)
         bad_rows += poisoned
         collected = BatchInput(records_of=lambda task, key: self._records_of(rows, task, key))
