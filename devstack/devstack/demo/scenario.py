@@ -19,6 +19,7 @@ The story it prints, from the StreamingApp's status and Events:
 4. The input stops; the final counts are checked against a reference computed from the input.
 """
 
+import io
 import json
 import os
 import random
@@ -550,6 +551,8 @@ class Watcher:
                 self.say(self.describe())
                 last_status = now
             if now > deadline:
+                self.say(f"{what}: not within {self.options.phase_timeout} s; the app's status:")
+                self.say(json.dumps(self.status, indent=1, sort_keys=True))
                 raise DemoError(
                     f"{what} did not happen within {self.options.phase_timeout} s; the operator's "
                     f"log is {self.operator.log_path}"
@@ -745,6 +748,10 @@ def session(options: DemoOptions, out: TextIO) -> Iterator[Session]:
         )
         try:
             yield running
+        except DemoError as error:
+            if isinstance(out, io.StringIO):  # a test's: the story goes with the error
+                raise DemoError(f"{error}\n--- the story so far ---\n{out.getvalue()}") from error
+            raise
         finally:
             feed.stop()
             try:
