@@ -173,12 +173,15 @@ class PodSyncer:
         if stopped.finish_delete:
             self._finish_delete(record.pod)
 
-    def retry_failed_starts(self) -> None:
-        """Pods that could not start (a missing ConfigMap, say) are tried again."""
+    def resync(self) -> None:
+        """Pods that could not start (a missing ConfigMap, say) are tried again, and every
+        pod's status is written again where the API server does not have it yet: a status
+        write that failed (an overloaded API server, a timeout) is retried, as a kubelet's
+        status manager does, instead of leaving the pod's last change unsaid for good."""
         for record in list(self._records.values()):
             if record.config_error is not None and not record.stopping:
                 self._start(record)
-                self._sync_status(record)
+            self._sync_status(record)
 
     # Actions.
 
@@ -510,7 +513,7 @@ class Kubelet:
                 logger.exception("kubelet: handling %s failed", kind)
             if time.monotonic() >= next_resync:
                 next_resync = time.monotonic() + self.config.resync_seconds
-                self.syncer.retry_failed_starts()
+                self.syncer.resync()
 
     def _apply(self, kind: str, payload: Any) -> None:
         if kind == "pod":

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
-from devstack.apiserver import LocalApiServer, write_kubeconfig
+from devstack.apiserver import LocalApiServer, faults, write_kubeconfig
 from devstack.kubelet import Kubelet, KubeletConfig
 from devstack.processes import Backoff
 from smoothscale.kubeapi import KubeApi, KubeApiError
@@ -200,6 +201,33 @@ def test_exec_readiness_probe_drives_the_ready_condition(
     assert container_status(pod)["ready"] is True
     flag.unlink()
     wait_for(api, name, lambda p: condition(p, "Ready") == "False", timeout=10)
+
+
+def test_a_status_write_the_api_server_refused_is_written_again(tmp_path: Path) -> None:
+    """The pod turns Ready while the API server refuses the kubelet's status writes (overloaded:
+    503s): the kubelet writes the status again at its next resync, as a kubelet's status
+    manager does, so the pod does not stay not Ready in the API for good."""
+    with LocalApiServer() as server:
+        write_kubeconfig(tmp_path / "kubeconfig", server.url)
+        api = KubeApi.from_kubeconfig(tmp_path / "kubeconfig")
+        config = KubeletConfig(root=tmp_path / "kubelet", resync_seconds=0.3)
+        running = Kubelet(api, config)
+        running.start()
+        try:
+            flag = tmp_path / "ready"
+            readiness = {"exec": {"command": ["test", "-f", str(flag)]}, "periodSeconds": 1}
+            manifest = pod_manifest(python("import time; time.sleep(60)"), readiness=readiness)
+            name = create(api, manifest)["metadata"]["name"]
+            wait_for(api, name, lambda p: phase(p) == "Running")
+            refuse = {"code": 503, "count": 3, "method": "PATCH", "path": "/status"}
+            assert requests.post(f"{server.url}{faults.PATH}", json=[refuse], timeout=10).ok
+            flag.write_text("")
+            wait_for(api, name, lambda p: condition(p, "Ready") == "True")
+            report = requests.get(f"{server.url}{faults.PATH}", timeout=10).json()
+            assert report == {"injected": {"503": 3}, "pending": 0}
+        finally:
+            running.stop()
+            api.close()
 
 
 def test_http_readiness_probe_on_a_named_port(api: KubeApi, kubelet: Kubelet) -> None:
