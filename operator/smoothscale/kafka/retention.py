@@ -20,7 +20,8 @@ def tombstone_retention_seconds(
 ) -> dict[str, float]:
     """Per topic, its `delete.retention.ms` in seconds (the topic's own, else the broker's
     default, as DescribeConfigs answers). Raises KafkaException when the brokers cannot say (no
-    DescribeConfigs right on the topic, a topic missing, Kafka unreachable)."""
+    DescribeConfigs right on the topic, a topic missing), TimeoutError when they do not answer
+    within `timeout` seconds."""
     admin = AdminClient(dict(client_config))
     resources = [ConfigResource("topic", topic) for topic in topics]
     if not resources:

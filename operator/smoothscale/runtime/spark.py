@@ -25,7 +25,7 @@ its small heap. A micro-batch of a few hundred records costs Spark mostly planni
 and task serialisation, code the optimising compiler keeps recompiling for little gain: measured
 on 2 cores at 200 records/s and one batch a second, a driver used 0.85 of a core with the JVM's
 defaults and 0.55 with these, started on 13 CPU-seconds instead of 19 to 25, and ran the
-throughput benchmark's larger batches faster too (docs/runtime.md, Driver JVM).
+throughput benchmark's larger batches faster too (docs/runtime.md, The driver JVM).
 SMOOTHSCALE_DRIVER_JAVA_OPTIONS, when set (in spec.env), replaces them."""
 DRIVER_JAVA_OPTIONS_ENV = "SMOOTHSCALE_DRIVER_JAVA_OPTIONS"
 
