@@ -89,7 +89,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             Path(audit) if audit else None,
         )
         return
-    with LocalStack(tmp_path_factory.mktemp("e2e-cluster")) as stack:
+    with LocalStack(tmp_path_factory.mktemp("e2e-cluster"), shutdown_grace_period=0) as stack:
         info = stack.info
         assert info is not None
         yield Cluster(

@@ -60,6 +60,6 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInf
     crds/ installed), process kubelet and a 3-broker embedded Kafka, each in its own process.
     Yields kubeconfig, api_url and kafka_bootstrap; create uniquely named objects and topics."""
     state_dir = tmp_path_factory.mktemp("local-cluster")
-    with LocalStack(state_dir, crd_dir=REPOSITORY / "crds") as stack:
+    with LocalStack(state_dir, crd_dir=REPOSITORY / "crds", shutdown_grace_period=0) as stack:
         assert stack.info is not None
         yield stack.info

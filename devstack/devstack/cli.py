@@ -178,6 +178,14 @@ def _register_kubelet(parts: "Subparsers[argparse.ArgumentParser]") -> None:
         help="leave pods without a node to a scheduler (`smoothscale dev scheduler`) instead of "
         "binding them to this node",
     )
+    kubelet.add_argument(
+        "--shutdown-grace-period",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="when the kubelet stops, each pod gets its own grace period but no more than this "
+        "(a kubelet's shutdownGracePeriod; 0: its processes are killed; default: %(default)s)",
+    )
     kubelet.set_defaults(handler=_run_kubelet)
 
 
@@ -395,7 +403,10 @@ def _run_kubelet(args: argparse.Namespace) -> int:
     from devstack.kubelet import Kubelet, KubeletConfig
 
     config = KubeletConfig(
-        node_name=args.node_name, root=args.root.resolve(), bind_unscheduled=args.bind
+        node_name=args.node_name,
+        root=args.root.resolve(),
+        shutdown_grace_seconds=args.shutdown_grace_period,
+        bind_unscheduled=args.bind,
     )
     return _run_client(
         "kubelet",

@@ -181,7 +181,9 @@ class LocalStack:
 
     It installs smoothscale's own CRD, generated from the models (so always current), or the
     CRDs in the YAML files of `crd_dir` instead. `nodes` Nodes ("local", "local-2", ...) each
-    get a process kubelet; the scheduler places the pods on them.
+    get a process kubelet; the scheduler places the pods on them. When it stops, each pod gets
+    its own grace period but no more than `shutdown_grace_period` seconds (0: killed at once,
+    for a throwaway stack whose pods have nothing left to say).
     """
 
     def __init__(
@@ -195,6 +197,7 @@ class LocalStack:
         kafka_port: int = 0,
         node_name: str = "local",
         nodes: int = 1,
+        shutdown_grace_period: float = 10.0,
         startup_timeout: float = 60.0,
     ) -> None:
         self.state_dir = state_dir.resolve()
@@ -205,6 +208,7 @@ class LocalStack:
         self.kafka_port = kafka_port
         self.node_name = node_name
         self.nodes = node_names(node_name, nodes)
+        self.shutdown_grace_period = shutdown_grace_period
         self.startup_timeout = startup_timeout
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         self.info: StackInfo | None = None
@@ -309,6 +313,8 @@ class LocalStack:
                         "--root",
                         str(self.state_dir / KUBELET_ROOT),
                         "--no-bind",
+                        "--shutdown-grace-period",
+                        str(self.shutdown_grace_period),
                     ],
                     command=KUBELET,
                 )

@@ -153,7 +153,7 @@ def drain(kubectl: Kubectl, node: str) -> subprocess.Popen[str]:
 def test_kubectl_drain_waits_for_the_budget_then_evicts_and_the_pods_move_elsewhere(
     tmp_path: Path,
 ) -> None:
-    with LocalStack(tmp_path / "stack", nodes=3) as stack:
+    with LocalStack(tmp_path / "stack", nodes=3, shutdown_grace_period=0) as stack:
         assert stack.info is not None
         info = stack.info
         kubectl = Kubectl(kubeconfig=info.kubeconfig, cache=tmp_path / "kube-cache")
