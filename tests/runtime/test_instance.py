@@ -29,6 +29,7 @@ from smoothscale.runtime.restore import catch_up
 from smoothscale.runtime.source import read_plan
 from smoothscale.runtime.store import TaskState
 from smoothscale.runtime.transactions import TaskProducer, TransactionError
+from smoothscale.runtime.worker import KeepWarm
 from smoothscale.runtime.writer import Writer
 from smoothscale.tasks import TaskRole
 from tests.runtime.instance_helpers import (
@@ -701,13 +702,14 @@ def test_a_long_micro_batch_does_not_silence_the_instance(
     assert (during[0].role, during[1].role) == (ReportedRole.ACTIVE, ReportedRole.WARMUP)
 
 
-def test_a_micro_batch_that_hangs_makes_the_instance_stalled_and_its_liveness_fail(
+def test_a_micro_batch_that_hangs_makes_the_instance_stalled_and_its_probes_fail(
     embedded_kafka: EmbeddedKafka, tmp_path: Path
 ) -> None:
     """A pipeline that blocks (or a query that hangs) keeps its tasks from progressing: once the
     query runs, a batch running past the stall timeout makes the instance say so in the reports
-    of its active tasks (the operator moves them) and on /healthz (the kubelet restarts it).
-    It recovers as soon as a batch completes."""
+    of its active tasks (the operator moves them), on /readyz (the pod turns not Ready, which
+    wakes the operator at once) and on /healthz (the kubelet restarts it). It recovers as soon
+    as a batch completes."""
     config = for_instance(app_config(embedded_kafka, tmp_path), "pod-a").model_copy(
         update={"stall_timeout": 1.0}
     )
@@ -732,14 +734,18 @@ def test_a_micro_batch_that_hangs_makes_the_instance_stalled_and_its_liveness_fa
             for _ in range(4):
                 a.tick()  # each waits TICK_LOCK_SECONDS for the lock, then beats
             report = reader.reports("pod-a", PARTITIONS)[0]
-            health = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz")
-        except urllib.error.HTTPError as error:
-            health = error
+            health, readiness = (probe(server.port, path) for path in ("/healthz", "/readyz"))
+            # The worker's main thread keeps the query warm after a while without input: it
+            # must not wait on the hung batch (its reports and SIGTERM would wait with it).
+            keep_warm = threading.Thread(target=KeepWarm(a, idle_seconds=0.0).tick, daemon=True)
+            keep_warm.start()
+            keep_warm.join(timeout=10)
+            kept_waiting = keep_warm.is_alive()
         finally:
             done.set()
             batch.join()
         a.tick()
-        recovered = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz")
+        recovered = [probe(server.port, path) for path in ("/healthz", "/readyz")]
         server.stop()
     operator.close()
     reader.close()
@@ -747,9 +753,20 @@ def test_a_micro_batch_that_hangs_makes_the_instance_stalled_and_its_liveness_fa
     assert report.role is ReportedRole.ACTIVE
     assert report.stalled_for is not None
     assert report.stalled_for >= 1.0
-    assert health.status == 503
-    assert b"no micro-batch completed" in health.read()
-    assert recovered.status == 200
+    assert health == (503, health[1])
+    assert "no micro-batch completed" in health[1]
+    assert readiness == (503, health[1])
+    assert [status for status, _ in recovered] == [200, 200]
+    assert not kept_waiting, "keeping warm waited on the hung batch"
+
+
+def probe(port: int, path: str) -> tuple[int, str]:
+    """What a kubelet's HTTP probe of `path` gets: the status and the body."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}") as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
 
 
 def test_a_fenced_task_is_reported_at_once_and_until_it_is_given_again(

@@ -548,15 +548,24 @@ class Instance:
         with self.lock:
             return {task: active.epoch for task, active in self._active.items()}
 
-    def warm_up(self, records: int = WARM_UP_RECORDS, partitions: int = SPARK_CORES) -> bool:
+    def warm_up(
+        self,
+        records: int = WARM_UP_RECORDS,
+        partitions: int = SPARK_CORES,
+        lock_timeout: float = -1,
+    ) -> bool:
         """Have the query read a sample of recent input once (the last `records` of each of up
         to `partitions` input partitions this instance does not own), so that its next
         micro-batch runs the whole path of a real batch (the source's Python readers, one per
         partition read at once, decode, aggregate, their code generation) while nothing
         depends on it: the first batch of a task handed over later is then as fast as a steady
         one. Nothing of the sample is applied or committed. False when there is no input to
-        sample (then there is nothing to warm with)."""
-        with self.lock:
+        sample (then there is nothing to warm with), or when a micro-batch holds the instance
+        for longer than `lock_timeout` seconds (-1: wait as long as it does; a batch that hangs
+        would keep the caller for ever)."""
+        if not self.lock.acquire(timeout=lock_timeout):
+            return False
+        try:
             owned = {(topic, task) for topic in self.config.input_topics for task in self._active}
             sample: dict[tuple[str, int], int] = {}
             try:
@@ -580,13 +589,21 @@ class Instance:
             self.warmed.clear()
             self._write_plan()
             return True
+        finally:
+            self.lock.release()
 
-    def end_warm_up(self) -> None:
-        """Take the warm-up sample out of the plan."""
-        with self.lock:
+    def end_warm_up(self, lock_timeout: float = -1) -> bool:
+        """Take the warm-up sample out of the plan; False if a micro-batch held the instance
+        for longer than `lock_timeout` seconds (-1: wait as long as it does)."""
+        if not self.lock.acquire(timeout=lock_timeout):
+            return False
+        try:
             if self._warm_up:
                 self._warm_up = {}
                 self._write_plan()
+            return True
+        finally:
+            self.lock.release()
 
     def warm_up_from(self) -> dict[tuple[str, int], int]:
         """The warm-up sample's start offsets, while it is in the plan and not yet run."""

@@ -3,7 +3,9 @@
 `InstanceMetrics` holds every metric an instance exports, in its own registry (several instances
 can live in one test process without clashing). `start_http_server` serves them:
 - /metrics: the Prometheus text format;
-- /readyz: 200 once the instance is ready (`set_ready(True)`), 503 before and after;
+- /readyz: 200 once the instance is ready (`set_ready(True)`) and while it is not stalled,
+  503 before, after and while stalled: a stalled pod turns not Ready, and that change of the
+  pod wakes the operator, which fails its tasks over without waiting for its next poll;
 - /healthz: 200 while the process answers and is not stalled (a micro-batch running past the
   stall timeout, or none completed that long while input waits), else 503 with the reason.
 """
@@ -202,7 +204,10 @@ def start_http_server(port: int, metrics: InstanceMetrics, host: str = "0.0.0.0"
             if path == "/metrics":
                 self._answer(HTTPStatus.OK, metrics.exposition(), CONTENT_TYPE_LATEST)
             elif path == "/readyz":
-                if metrics.ready:
+                stalled = metrics.stalled
+                if stalled is not None:
+                    self._answer(HTTPStatus.SERVICE_UNAVAILABLE, f"stalled: {stalled}\n".encode())
+                elif metrics.ready:
                     self._answer(HTTPStatus.OK, b"ready\n")
                 else:
                     self._answer(HTTPStatus.SERVICE_UNAVAILABLE, b"not ready\n")

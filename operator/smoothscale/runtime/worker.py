@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.decode import classify
-from smoothscale.runtime.instance import BatchInput, DeadLetterSender, Instance
+from smoothscale.runtime.instance import TICK_LOCK_SECONDS, BatchInput, DeadLetterSender, Instance
 from smoothscale.runtime.metrics import InstanceMetrics, start_http_server
 from smoothscale.runtime.pipeline import Pipeline, load_pipeline
 from smoothscale.runtime.source import BATCH_INTERVAL_OPTION
@@ -289,6 +289,9 @@ class Engine(Protocol):
         """Stop running batches and free what the engine holds."""
 
 
+EXIT_BATCH_UNFINISHED = 3
+"""The worker's exit code when it stopped with a micro-batch still running (a hung pipeline)."""
+
 EngineStarter = Callable[[WorkerConfig, Instance, Pipeline, InstanceMetrics], Engine]
 
 
@@ -331,20 +334,25 @@ def run_worker(config: WorkerConfig, start_engine: "EngineStarter | None" = None
             time.sleep(TICK_SECONDS)
         reason = "its pod replaced" if instance.replaced else stop.signal
         log.info("instance %s stopping: %s", config.instance_id, reason)
-        if not instance.replaced:
+        if not instance.replaced and instance.stalled_for() is None:
             wait_for_hand_overs(instance, config.shutdown_timeout / 2)
     finally:
         metrics.set_ready(False)
-        budget = config.shutdown_timeout / 2
+        # A stalled instance's tasks have failed over already and its hung micro-batch will
+        # not end: waiting for it would only keep the kubelet's restart a grace period away.
+        budget = 0.0 if instance.stalled_for() is not None else config.shutdown_timeout / 2
         released = instance.shutdown(budget)
-        if not released:
-            log.error(
-                "a micro-batch did not finish within %s s: exiting without releasing tasks",
-                budget,
-            )
-        if engine is not None:
-            engine.stop()
+        if released and engine is not None:
+            engine.stop()  # stopping the query waits for the batch in flight: not if it hangs
         server.stop()
+    if not released:
+        log.error(
+            "instance %s: a micro-batch did not finish within %g s: exiting without releasing "
+            "tasks (nothing of that batch is committed)",
+            config.instance_id,
+            budget,
+        )
+        return EXIT_BATCH_UNFINISHED
     log.info("instance %s stopped", config.instance_id)
     return 0
 
@@ -388,7 +396,9 @@ class KeepWarm:
     Measured on this machine: a job on two partitions took 2.6 s after 75 s idle, 0.4 s warm.
     Whenever no micro-batch has read input for `idle_seconds`, the warm-up sample is read
     again (Instance.warm_up), and taken out of the plan once a batch has run it, or after
-    `idle_seconds` more if none did."""
+    `idle_seconds` more if none did. It never waits on a micro-batch in flight (a batch that
+    hangs would keep the worker's main thread, and with it its reports and SIGTERM, for ever):
+    it tries again at its next tick."""
 
     def __init__(self, instance: Instance, idle_seconds: float = KEEP_WARM_SECONDS) -> None:
         self.instance = instance
@@ -399,14 +409,14 @@ class KeepWarm:
     def tick(self) -> None:
         now = time.monotonic()
         if self._armed_at is not None:
-            if self.instance.warmed.is_set() or now - self._armed_at > self.idle_seconds:
-                self.instance.end_warm_up()
+            done = self.instance.warmed.is_set() or now - self._armed_at > self.idle_seconds
+            if done and self.instance.end_warm_up(lock_timeout=TICK_LOCK_SECONDS):
                 self._armed_at = None
             return
         idle_since = max(self.instance.last_read, self._tried_at)
         if now - idle_since > self.idle_seconds:
             self._tried_at = now
-            if self.instance.warm_up():
+            if self.instance.warm_up(lock_timeout=TICK_LOCK_SECONDS):
                 self._armed_at = now
 
 
