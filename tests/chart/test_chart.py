@@ -40,7 +40,7 @@ OPERATOR_PERMISSIONS: dict[tuple[str, str], set[str]] = {
     # gets a Secret by name (smoothscale.operator.observe.observe_secrets).
     ("", "secrets"): {"list"},
     # Each app's PodDisruptionBudget, created once: evictions wait while state moves.
-    ("policy", "poddisruptionbudgets"): {"create"},
+    ("policy", "poddisruptionbudgets"): {"create", "patch"},
 }
 # Cluster-scoped, read-only, in a ClusterRole of its own in every mode: which nodes are drained.
 NODE_PERMISSIONS = {("", "nodes"): {"list"}}

@@ -497,10 +497,13 @@ def test_a_spread_can_be_left_out() -> None:
 
 
 def test_the_disruption_budget_lets_no_instance_pod_be_evicted() -> None:
-    budget = disruption_budget(app(FULL), "uid-1")
+    """As many pods available as the app has, surge pod included: `maxUnavailable: 0` would
+    count from the app's replicas and let one eviction through while a surge pod is up."""
+    budget = disruption_budget(app(FULL), "uid-1", pods=3)
 
     assert budget["apiVersion"] == "policy/v1"
-    assert budget["spec"]["maxUnavailable"] == 0
+    assert budget["spec"]["minAvailable"] == 3
+    assert "maxUnavailable" not in budget["spec"]
     selector = budget["spec"]["selector"]["matchLabels"]
     pod = build_pod(app(FULL), 2, "uid-1")
     assert selector.items() <= pod["metadata"]["labels"].items()

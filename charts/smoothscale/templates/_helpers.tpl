@@ -76,7 +76,7 @@ each rule). `peeringResource` is kopfpeerings (namespaced) or clusterkopfpeering
   verbs: ["list"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["create"]
+  verbs: ["create", "patch"]
 {{- if .root.Values.peering.enabled }}
 - apiGroups: ["kopf.dev"]
   resources: [{{ .peeringResource | quote }}]

@@ -39,6 +39,9 @@ LABEL_PREFIX = "smoothscale.io/"
 APP_LABEL = f"{LABEL_PREFIX}app"
 INSTANCE_LABEL = f"{LABEL_PREFIX}instance"
 ROLE_LABEL = f"{LABEL_PREFIX}role"
+EVICTABLE_LABEL = f"{LABEL_PREFIX}evictable"
+"""Set by the operator on a pod that holds no task any more and sits on a node being drained:
+the app's PodDisruptionBudget no longer selects it, so the drain's eviction takes it."""
 TEMPLATE_HASH_ANNOTATION = f"{LABEL_PREFIX}pod-template-hash"
 MANAGED_BY = "smoothscale"
 COMPONENT = "worker"
@@ -228,11 +231,27 @@ def disruption_budgets_path(namespace: str) -> str:
     return f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets"
 
 
-def disruption_budget(app: StreamingApp, owner_uid: str) -> JsonObject:
+def disruption_budget(app: StreamingApp, owner_uid: str, pods: int) -> JsonObject:
     """The app's policy/v1 PodDisruptionBudget, owned by the StreamingApp: no instance pod may
-    be evicted (maxUnavailable 0). A drain (`kubectl drain`, a node autoscaler) then waits,
-    retrying, while the operator moves each pod's state off its node by warm-ups and
-    hand-overs and deletes the pod itself; the eviction API never kills an active owner."""
+    be evicted. A drain (`kubectl drain`, a node autoscaler) then waits, retrying, while the
+    operator moves each pod's state off its node by warm-ups and hand-overs; the eviction API
+    never kills an active owner.
+
+    `minAvailable` is the app's `pods` (the operator keeps it equal to the pods it selects),
+    not `maxUnavailable: 0`: with that, the API server expects as many healthy pods as the
+    app's scale says (spec.replicas), so the surge pod of a rolling update or a drain, once
+    ready, lets one eviction through, and the drain takes an active owner out from under the
+    hand-over being prepared for it.
+
+    A pod labelled EVICTABLE_LABEL (drained, on a node being drained) is not selected: the
+    drain's eviction takes it, rather than the operator deleting it. A drain evicts by name
+    and tries again every few seconds: had the operator deleted the pod and created it again
+    under the same name on another node, the drain would go on evicting the new pod, refused
+    for ever."""
+    selector = {
+        **_app_pods(app),
+        "matchExpressions": [{"key": EVICTABLE_LABEL, "operator": "DoesNotExist"}],
+    }
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
@@ -241,7 +260,7 @@ def disruption_budget(app: StreamingApp, owner_uid: str) -> JsonObject:
             "labels": {APP_LABEL: app.name, "app.kubernetes.io/managed-by": MANAGED_BY},
             "ownerReferences": _owned_by(app, owner_uid),
         },
-        "spec": {"maxUnavailable": 0, "selector": _app_pods(app)},
+        "spec": {"minAvailable": pods, "selector": selector},
     }
 
 

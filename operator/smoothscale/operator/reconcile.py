@@ -67,6 +67,7 @@ from smoothscale.operator.observe import (
 )
 from smoothscale.operator.pods import (
     BASE_PORT,
+    EVICTABLE_LABEL,
     ROLE_LABEL,
     TEMPLATE_HASH_ANNOTATION,
     PodSpecError,
@@ -89,6 +90,10 @@ log = logging.getLogger(__name__)
 RELEASE_TIMEOUT = timedelta(seconds=60)
 """When an app is deleted, how long its instances get to release their tasks (one micro-batch
 each, normally) before their pods are deleted anyway."""
+
+EVICTION_WAIT = timedelta(seconds=30)
+"""How long a drained pod on a node being drained waits for the drain's eviction before the
+operator deletes it itself (kubectl drain tries every 5 s, the cluster autoscaler every 10 s)."""
 
 ASSIGNMENT_ANNOTATION = "smoothscale.io/assignment"
 """The pod's current assignment, mirrored for people (`kubectl describe pod`), never read."""
@@ -182,7 +187,10 @@ class AppController:
         self._heartbeats = Heartbeats()
         self._rolling = False
         """A rolling update was seen under way (for the RolledOut Event)."""
-        self._budget_created = False
+        self._evictable: dict[str, tuple[str, datetime]] = {}
+        """Drained pods left to a drain's eviction: their uid, and since when."""
+        self._budget_pods: int | None = None
+        """The minAvailable of the app's PodDisruptionBudget as last written (None: not yet)."""
         self._nodes_unreadable = False
         self._problems: tuple[Problem, ...] = ()
         self._previous: StreamingAppStatus | None = None
@@ -255,13 +263,14 @@ class AppController:
         # missing ones first: a pod is an instance from the moment it exists, so its warm-ups
         # start while its Spark session starts.
         pods = self._delete_failed(observe_pods(self.kube, self.namespace, self.name))
-        self._ensure_disruption_budget(app)
-        roll = self._roll(app, desired, pods, self._on_draining_nodes(pods))
+        on_draining_nodes = self._on_draining_nodes(pods)
+        roll = self._roll(app, desired, pods, on_draining_nodes)
         try:
             pods = self._create_missing_pods(app, desired + (1 if roll.surge else 0), pods)
         except PodSpecError as error:
             problem = Problem("InvalidPodSpec", f"no instance pod can be built: {error}")
             return self._degraded(app, generation, now, [problem, *problems])
+        self._ensure_disruption_budget(app, pods)
         # A pod deleted with a grace period (by a person, or evicted) is still an instance: it
         # drains, its process serving until its tasks are handed over (or its grace runs out).
         live = dict(pods)
@@ -286,7 +295,7 @@ class AppController:
             silent = self._heartbeats.silent(holding, own, _silence(scaling), now)
             progress = _without_stale_restores(progress, silent)
             problems += _silence_problems(silent, _silence(scaling))
-            problems += _stall_problems(progress)
+            problems += _stall_problems(progress, app.spec.pipeline.stall_timeout)
             problems += _report_problems(progress)
             stalled = self._catch_up.observe(
                 progress, scaling.acceptable_recovery_lag, scaling.probing_interval, now
@@ -313,7 +322,7 @@ class AppController:
         if _all_active(result.ledger, progress):
             # A drained pod goes only once every task it gave away runs on its new owner.
             for instance in result.drained:
-                self._delete_drained(instance, live)
+                self._delete_drained(instance, live, on_draining_nodes, now)
         self._label_pods(live, result.ledger)
 
         # Record.
@@ -425,19 +434,33 @@ class AppController:
             if pod.node in draining and not pod.terminating
         }
 
-    def _ensure_disruption_budget(self, app: StreamingApp) -> None:
-        """The app's PodDisruptionBudget, created once: no eviction of an instance pod is
-        allowed, so a drain waits while the operator moves the pod's state off it and deletes
-        the pod itself (the pattern of CloudNativePG and Strimzi: block, move, release)."""
-        if self._budget_created:
+    def _ensure_disruption_budget(self, app: StreamingApp, pods: Mapping[str, PodView]) -> None:
+        """The app's PodDisruptionBudget: no eviction of an instance pod is allowed, so a drain
+        waits while the operator moves the pod's state off it and deletes the pod itself (the
+        pattern of CloudNativePG and Strimzi: block, move, release). Its minAvailable follows
+        the app's pods that are not being deleted: called once the poll's new pods exist, it
+        rises before a new pod can count as healthy, and falls only after a pod is gone."""
+        count = sum(
+            1 for pod in pods.values() if not pod.terminating and EVICTABLE_LABEL not in pod.labels
+        )
+        if self._budget_pods == count:
             return
-        budget = disruption_budget(app, str(app.metadata.get("uid", "")))
+        budget = disruption_budget(app, str(app.metadata.get("uid", "")), count)
+        path = disruption_budgets_path(self.namespace)
         try:
-            self.kube.request("POST", disruption_budgets_path(self.namespace), body=budget)
+            self.kube.request("POST", path, body=budget)
         except KubeApiError as error:
-            if error.status != 409:  # already there
+            if error.status != 409:  # already there: its count set to this one
                 raise
-        self._budget_created = True
+            spec = budget["spec"]
+            patch = {"spec": {"maxUnavailable": None, **spec}}
+            self.kube.request(
+                "PATCH",
+                f"{path}/{budget['metadata']['name']}",
+                body=patch,
+                content_type=MERGE_PATCH,
+            )
+        self._budget_pods = count
 
     def _roll(
         self,
@@ -602,10 +625,34 @@ class AppController:
             pods[name] = replace(pod, terminating=True)
         return pods
 
-    def _delete_drained(self, instance: str, pods: Mapping[str, PodView]) -> None:
+    def _delete_drained(
+        self,
+        instance: str,
+        pods: Mapping[str, PodView],
+        on_draining_nodes: Mapping[str, str],
+        now: datetime,
+    ) -> None:
+        """A drained pod goes. On a node being drained, the drain's eviction takes it: the pod
+        is taken out of the budget (EVICTABLE_LABEL), and deleted by the operator only if no
+        eviction comes within EVICTION_WAIT (a node cordoned by hand, and never drained)."""
         pod = pods.get(instance)
         if pod is not None and pod.terminating:
             return  # deleted already: its process stops now that it holds nothing
+        if pod is not None and instance in on_draining_nodes:
+            marked = self._evictable.get(instance)
+            if marked is None or marked[0] != pod.uid:
+                self._patch_pod(instance, {"labels": {EVICTABLE_LABEL: "true"}})
+                self._evictable[instance] = (pod.uid, now)
+                self._deleted[instance] = pod.uid  # its re-creation is planned
+                self.events(
+                    "Normal",
+                    "Drained",
+                    f"{instance} holds no task any more: left to the eviction of its node's "
+                    f"drain (deleted in {EVICTION_WAIT.total_seconds():.0f} s if none comes)",
+                )
+                return
+            if now - marked[1] < EVICTION_WAIT:
+                return
         self._delete_pod(instance)
         if pod is not None and pod.uid:
             self._deleted[instance] = pod.uid
@@ -628,22 +675,23 @@ class AppController:
                 pod.annotations.get(ASSIGNMENT_ANNOTATION) == summary
             ):
                 continue
-            patch = {
-                "metadata": {
-                    "labels": {ROLE_LABEL: role},
-                    "annotations": {ASSIGNMENT_ANNOTATION: summary},
-                }
-            }
-            try:
-                self.kube.request(
-                    "PATCH",
-                    f"{pods_path(self.namespace)}/{name}",
-                    body=patch,
-                    content_type=MERGE_PATCH,
-                )
-            except KubeApiError as error:
-                if error.status != 404:  # gone meanwhile: the next poll sees it
-                    raise
+            self._patch_pod(
+                name,
+                {"labels": {ROLE_LABEL: role}, "annotations": {ASSIGNMENT_ANNOTATION: summary}},
+            )
+
+    def _patch_pod(self, name: str, metadata: dict[str, Any]) -> None:
+        """Merge `metadata` (labels, annotations) into a pod's."""
+        try:
+            self.kube.request(
+                "PATCH",
+                f"{pods_path(self.namespace)}/{name}",
+                body={"metadata": metadata},
+                content_type=MERGE_PATCH,
+            )
+        except KubeApiError as error:
+            if error.status != 404:  # gone meanwhile: the next poll sees it
+                raise
 
     # Record -----------------------------------------------------------------------------
 
@@ -1061,23 +1109,30 @@ def _silence_problems(silent: set[str], after: timedelta) -> list[Problem]:
     ]
 
 
-def _stall_problems(progress: Mapping[tuple[str, TaskId], TaskProgress]) -> list[Problem]:
+def _stall_problems(
+    progress: Mapping[tuple[str, TaskId], TaskProgress], timeout: timedelta
+) -> list[Problem]:
     """An instance that reports itself stalled: its tasks fail over (`handover.step`), and a
-    person should see why its pipeline or query is stuck."""
-    stalled: dict[str, float] = {}
-    for (instance, _task), item in progress.items():
-        if item.report.stalled_for is not None:
-            stalled[instance] = max(item.report.stalled_for, stalled.get(instance, 0.0))
+    person should see why its pipeline or query is stuck. The message is the same at every
+    poll while the stall lasts, so it is one Warning, not one per poll."""
+    stalled = sorted(
+        {
+            instance
+            for (instance, _), item in progress.items()
+            if item.report.stalled_for is not None
+        }
+    )
     return [
         Problem(
             "InstanceStalled",
-            f"{instance} has completed no micro-batch for {seconds:.0f} s while its input "
-            "waits (spec.pipeline.stallTimeout): its tasks move to other instances and the "
+            f"{instance} has completed no micro-batch for longer than "
+            f"spec.pipeline.stallTimeout ({timeout.total_seconds():g} s) while its input "
+            "waits: its tasks move to other instances and the "
             "kubelet restarts it (its liveness probe fails). A pipeline that blocks on some "
             "records stalls every owner of their task: look at its logs (kill -USR1 prints "
             "every thread's stack)",
         )
-        for instance, seconds in sorted(stalled.items())
+        for instance in stalled
     ]
 
 
