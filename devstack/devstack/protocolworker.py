@@ -6,7 +6,8 @@ killed, Kafka down, API faults, two operators, a drain timing out, ...) starts m
 Spark is not what it tests. This worker is `smoothscale worker` with one part swapped: the same
 `run_worker` (metrics and probes, the real `Instance` with its assignments, restores, warm-ups,
 transactions, reports, the SIGTERM drain), with micro-batches computed here, in Python, by
-`PythonBatches`, for the running count only (examples.pipelines.running_count).
+`PythonBatches`, for the running count's aggregate only (examples.pipelines.running_count:
+one update per key, its count of records), folded by the pipeline's own `apply`.
 
 A scenario runs it by putting `path_variable()` in the StreamingApp's spec.env (a directory
 first on the pods' PATH): the process kubelet then starts this worker for the pods'
@@ -33,8 +34,10 @@ from smoothscale.runtime.worker import run_worker
 
 log = logging.getLogger(__name__)
 
-RUNNING_COUNT = "examples.pipelines.running_count:pipeline"
-"""The one pipeline these batches compute: one update per (partition, user), its count."""
+RUNNING_COUNT = "examples.pipelines.running_count"
+"""The module of the one aggregate these batches compute, `count_per_user`: one update per
+(partition, user), its count of records. A pipeline with that aggregate and an `apply` of its
+own (a test's: one that hangs on a key) runs too."""
 IDLE_SECONDS = 0.05
 """How often the batch thread looks for a newly active task while it waits for the trigger."""
 READ_TIMEOUT_SECONDS = 5.0
@@ -117,10 +120,12 @@ class PythonBatches:
     def start(
         cls, config: WorkerConfig, instance: Instance, pipeline: Pipeline, metrics: InstanceMetrics
     ) -> "PythonBatches":
-        if config.pipeline != RUNNING_COUNT:
+        aggregate = pipeline.aggregate
+        if (aggregate.__module__, aggregate.__name__) != (RUNNING_COUNT, "count_per_user"):
             raise ValueError(
-                f"the protocol worker computes only the running count ({RUNNING_COUNT}), "
-                f"not {config.pipeline}: run that pipeline with `smoothscale worker`"
+                f"the protocol worker computes only the running count's aggregate "
+                f"({RUNNING_COUNT}.count_per_user), not that of {config.pipeline}: run that "
+                "pipeline with `smoothscale worker`"
             )
         engine = cls(config, instance, pipeline.key_column, metrics)
         engine._thread.start()

@@ -99,6 +99,14 @@ class DemoOptions:
     """Whether the pods run `smoothscale worker` (a Spark driver each), or the protocol worker
     (devstack.protocolworker: the same worker with its micro-batches computed without Spark),
     for scenarios whose subject is the hand-over protocol, not the runtime."""
+    nodes: int = 1
+    """Nodes of the local control plane ("local", "local-2", ...), each with its kubelet."""
+    pipeline: str = PIPELINE
+    """spec.pipeline.ref: a running count (the reference the outputs are checked against)."""
+    stall_timeout: float = 120.0
+    """spec.pipeline.stallTimeout in seconds."""
+    env: tuple[tuple[str, str], ...] = ()
+    """More spec.env of the app: (name, value)."""
 
 
 class DemoError(RuntimeError):
@@ -217,6 +225,7 @@ def streaming_app(options: DemoOptions, bootstrap_servers: str) -> dict[str, Any
     env = [{"name": "PYTHONPATH", "value": str(options.examples_root.resolve())}]
     if not options.spark:
         env.append(path_variable(options.workdir))
+    env += [{"name": name, "value": value} for name, value in options.env]
     return {
         "apiVersion": "smoothscale.io/v1alpha1",
         "kind": "StreamingApp",
@@ -226,8 +235,9 @@ def streaming_app(options: DemoOptions, bootstrap_servers: str) -> dict[str, Any
             "image": "ghcr.io/smoothscale/smoothscale:0.1.0",
             "env": env,
             "pipeline": {
-                "ref": PIPELINE,
+                "ref": options.pipeline,
                 "triggerInterval": f"{round(options.trigger_interval * 1000)}ms",
+                "stallTimeout": f"{round(options.stall_timeout * 1000)}ms",
             },
             "kafka": {
                 "bootstrapServers": bootstrap_servers,
@@ -718,7 +728,11 @@ def session(options: DemoOptions, out: TextIO) -> Iterator[Session]:
         )
     kubectl_path = tool_binary(options.examples_root, "kubectl")
     say("starting the local control plane (API server, kubelet, embedded Kafka)")
-    with LocalStack(options.workdir / "cluster", brokers=1) as stack:
+    # Its pods are killed when it stops: the story is told and checked by then.
+    stack = LocalStack(
+        options.workdir / "cluster", brokers=1, nodes=options.nodes, shutdown_grace_period=0
+    )
+    with stack:
         assert stack.info is not None
         cluster: StackInfo = stack.info
         bootstrap = cluster.kafka_bootstrap

@@ -1,0 +1,149 @@
+"""Disruptions a cluster imposes, end to end: the operator installed with its chart, instance
+pods on the local control plane's nodes, the real kubectl. A node drained with `kubectl drain`
+and an owner whose pipeline hangs; each ends with the one checker (every output record against
+the reference, the ownership timeline: never two active owners) and prints its longest pause.
+The protocol worker runs the pods (their subject is the operator's hand-overs and failovers,
+not Spark: devstack/protocolworker.py)."""
+
+import io
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from devstack.demo.scenario import (
+    INPUT_TOPIC,
+    NAMESPACE,
+    QUIET,
+    Session,
+    session,
+)
+from smoothscale.runtime.worker import EXIT_BATCH_UNFINISHED
+from tests.operator.test_scaling import options
+
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
+
+
+def pods_by_node(running: Session) -> dict[str, str]:
+    """The app's pods that are not terminating, by name: the node each is bound to."""
+    listing = json.loads(running.kubectl("get", "-n", NAMESPACE, "pods", "-o", "json", quiet=True))
+    return {
+        pod["metadata"]["name"]: pod["spec"].get("nodeName", "")
+        for pod in listing["items"]
+        if not pod["metadata"].get("deletionTimestamp")
+    }
+
+
+def restarted(running: Session) -> dict[str, dict[str, Any]]:
+    """The app's pods whose container was restarted: how its last run ended (its
+    lastState.terminated)."""
+    listing = json.loads(running.kubectl("get", "-n", NAMESPACE, "pods", "-o", "json", quiet=True))
+    return {
+        pod["metadata"]["name"]: container["lastState"]["terminated"]
+        for pod in listing["items"]
+        for container in pod.get("status", {}).get("containerStatuses") or []
+        if int(container.get("restartCount", 0)) > 0
+        and "terminated" in (container.get("lastState") or {})
+    }
+
+
+def test_kubectl_drain_of_a_node_moves_its_instance_by_warm_ups_and_hand_overs(
+    tmp_path: Path,
+) -> None:
+    """Three nodes; the operator on one, an instance on each of the others. `kubectl drain`
+    of an instance's node: its evictions are refused (the app's PodDisruptionBudget) while the
+    operator, seeing the node cordoned, warms the pod's tasks up on a surge pod elsewhere,
+    hands them over and deletes the pod itself; the drain then completes by itself, the pod is
+    re-created on another node, and every task moved by a hand-over, exactly."""
+    out = io.StringIO()
+    with session(options(tmp_path, spark=False, nodes=3), out) as running:
+        watcher = running.watcher
+        running.apply(replicas=2)
+        watcher.run_until(lambda: watcher.settled(2), "two instances running")
+        running.feed.start()
+        watcher.hold()
+        operator_node = running.operator.pod()["spec"]["nodeName"]
+        placed = pods_by_node(running)
+        pod, node = next((p, n) for p, n in sorted(placed.items()) if n != operator_node)
+        running.say(f"pods by node: {placed}, the operator on {operator_node}; draining {node}")
+        drain_out, drain_err = tmp_path / "drain.out", tmp_path / "drain.err"
+        with running.phase("node drain"), drain_out.open("w") as stdout:
+            with drain_err.open("w") as stderr:
+                draining = subprocess.Popen(
+                    [
+                        running.kubectl.binary, "drain", node, "--ignore-daemonsets",
+                        "--delete-emptydir-data", "--timeout=600s",
+                    ],
+                    stdout=stdout,
+                    stderr=stderr,
+                    env={**os.environ, "KUBECONFIG": str(running.kubectl.kubeconfig)},
+                )  # fmt: skip
+                try:
+                    watcher.run_until(lambda: draining.poll() is not None, "the drain")
+                finally:
+                    if draining.poll() is None:
+                        draining.kill()
+            watcher.run_until(lambda: watcher.settled(2), "two instances again")
+            watcher.hold()
+        output, errors = drain_out.read_text(), drain_err.read_text()
+        running.say(f"kubectl drain said:\n{output}{errors}")
+        story = out.getvalue()
+        assert draining.returncode == 0, story
+        assert f"evicting pod {NAMESPACE}/{pod}" in output
+        assert "would violate the pod's disruption budget" in errors, "the budget held it"
+        assert output.rstrip().endswith(f"node/{node} drained"), output
+        assert node not in pods_by_node(running).values(), "nothing left on the drained node"
+        assert "event NodeDrain" in story
+        assert "event HandedOver" in story
+        assert "FailedOver" not in story, "every task moved by a hand-over"
+        assert "warning " not in story, "a drain is planned: nothing to warn of"
+        assert running.finish(), out.getvalue()
+
+
+HANGING_USER = "user-hangs"
+
+
+def test_an_owner_whose_pipeline_hangs_loses_its_tasks_and_the_kubelet_restarts_it(
+    tmp_path: Path,
+) -> None:
+    """The pipeline's `apply` blocks for ever on one key in the first instance that meets it
+    (tests/operator/hanging_count.py): that instance's micro-batch runs past the stall timeout,
+    it reports itself stalled, the operator fails its tasks over at once with a Warning, its
+    liveness probe fails and the kubelet restarts it; the restarted instance gets tasks again,
+    and nothing is lost or applied twice (the hung batch never commits)."""
+    marker = tmp_path / "hung-once"
+    hanging = options(
+        tmp_path,
+        spark=False,
+        pipeline="tests.operator.hanging_count:pipeline",
+        stall_timeout=5.0,
+        env=(("HANG_KEY", HANGING_USER), ("HANG_MARKER", str(marker))),
+    )
+    out = io.StringIO()
+    with session(hanging, out) as running:
+        watcher = running.watcher
+        running.apply(replicas=2)
+        watcher.run_until(lambda: watcher.settled(2), "two instances running")
+        running.feed.start()
+        watcher.hold()
+        with running.phase("an owner hangs"):
+            producer = Producer({"bootstrap.servers": running.bootstrap, **QUIET})
+            user = json.dumps({"user": HANGING_USER})
+            producer.produce(INPUT_TOPIC, key=HANGING_USER, value=user)
+            producer.flush(30)
+            running.say(f"one record of {HANGING_USER}: its owner's apply hangs")
+            watcher.run_until(lambda: "warning InstanceStalled" in out.getvalue(), "the stall")
+            watcher.run_until(lambda: restarted(running), "the kubelet's restart")
+            watcher.run_until(lambda: watcher.settled(2), "two instances again")
+        story = out.getvalue()
+        (ended,) = restarted(running).values()
+        assert marker.exists(), "an apply hung"
+        assert story.count("warning InstanceStalled") == 1, story
+        assert "warning FailedOver" in story, story
+        # It stopped at once on the kubelet's SIGTERM, not SIGKILLed a grace period later.
+        assert ended["exitCode"] == EXIT_BATCH_UNFINISHED, ended
+        assert running.finish(), out.getvalue()
