@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from devstack.podspec import (
-    POD_IP,
+    NODE_IP,
     PodConfigError,
     ValueSources,
     pod_key,
@@ -466,7 +466,7 @@ class Kubelet:
         now = timestamp(_now())
         status = {
             "addresses": [
-                {"type": "InternalIP", "address": POD_IP},
+                {"type": "InternalIP", "address": NODE_IP},
                 {"type": "Hostname", "address": name},
             ],
             "capacity": {"cpu": str(os.cpu_count() or 1), "pods": "110"},

@@ -5,6 +5,7 @@ used. Environment variables come from `env` (plain values, the downward API's fi
 configMapKeyRef/secretKeyRef through a lookup), with Kubernetes' `$(VAR)` expansion.
 """
 
+import hashlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -20,8 +21,20 @@ from devstack.processes import (
 
 JsonObject = dict[str, Any]
 
-POD_IP = "127.0.0.1"
-"""Every pod's IP: the processes share the machine's loopback."""
+NODE_IP = "127.0.0.1"
+"""Every node's IP (status.hostIP): the kubelets run on this machine."""
+
+
+def pod_ip(pod: JsonObject) -> str:
+    """The pod's IP (status.podIP): an address of its own on the machine's loopback (Linux
+    routes all of 127.0.0.0/8 there), derived from its uid, never 127.0.0.1. Processes share
+    the machine's network, so a process that binds its pod's IP rather than every address
+    (0.0.0.0) does not clash with another pod's on the same port: a pod re-created under the
+    same name while its predecessor's process still lives (a force delete, a frozen process),
+    as on a cluster, where each pod has a network of its own."""
+    digest = hashlib.sha256(str(pod["metadata"].get("uid", "")).encode()).digest()
+    return f"127.{1 + digest[0] % 254}.{digest[1]}.{1 + digest[2] % 254}"
+
 
 DEFAULT_TERMINATION_GRACE_SECONDS = 30
 
@@ -65,10 +78,10 @@ def field_value(pod: JsonObject, field_path: str, node_name: str) -> str:
         "metadata.uid": meta.get("uid", ""),
         "spec.nodeName": spec.get("nodeName") or node_name,
         "spec.serviceAccountName": spec.get("serviceAccountName", "default"),
-        "status.podIP": POD_IP,
-        "status.podIPs": POD_IP,
-        "status.hostIP": POD_IP,
-        "status.hostIPs": POD_IP,
+        "status.podIP": pod_ip(pod),
+        "status.podIPs": pod_ip(pod),
+        "status.hostIP": NODE_IP,
+        "status.hostIPs": NODE_IP,
     }
     if field_path in simple:
         return str(simple[field_path])
@@ -153,8 +166,9 @@ def _port(container: JsonObject, port: int | str) -> int:
     )
 
 
-def probe_of(container: JsonObject, probe: JsonObject | None) -> Probe | None:
-    """A Kubernetes probe (exec or httpGet) with its defaults."""
+def probe_of(container: JsonObject, probe: JsonObject | None, host: str) -> Probe | None:
+    """A Kubernetes probe (exec or httpGet) with its defaults; an httpGet probe goes to
+    `host` (the pod's IP) unless it names its own."""
     if probe is None:
         return None
     if "exec" in probe:
@@ -164,7 +178,7 @@ def probe_of(container: JsonObject, probe: JsonObject | None) -> Probe | None:
         action = HttpGetAction(
             port=_port(container, get["port"]),
             path=get.get("path", "/"),
-            host=get.get("host") or POD_IP,
+            host=get.get("host") or host,
             scheme=get.get("scheme", "HTTP"),
             headers=tuple((h["name"], h["value"]) for h in get.get("httpHeaders") or []),
         )
@@ -237,9 +251,9 @@ def process_spec(
                 name=container["name"],
                 argv=argv,
                 env=process_environment({**(cluster_env or {}), **env}, base_env),
-                readiness_probe=probe_of(container, container.get("readinessProbe")),
-                liveness_probe=probe_of(container, container.get("livenessProbe")),
-                startup_probe=probe_of(container, container.get("startupProbe")),
+                readiness_probe=probe_of(container, container.get("readinessProbe"), pod_ip(pod)),
+                liveness_probe=probe_of(container, container.get("livenessProbe"), pod_ip(pod)),
+                startup_probe=probe_of(container, container.get("startupProbe"), pod_ip(pod)),
                 message_from_log=container.get("terminationMessagePolicy")
                 == "FallbackToLogsOnError",
             )

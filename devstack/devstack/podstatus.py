@@ -4,7 +4,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from devstack.podspec import POD_IP
+from devstack.podspec import NODE_IP, pod_ip
 from devstack.processes import ContainerPhase, ContainerSnapshot, Termination
 
 JsonObject = dict[str, Any]
@@ -135,10 +135,10 @@ def pod_status(
             },
             timestamp(now),
         ),
-        "hostIP": POD_IP,
-        "hostIPs": [{"ip": POD_IP}],
-        "podIP": POD_IP,
-        "podIPs": [{"ip": POD_IP}],
+        "hostIP": NODE_IP,
+        "hostIPs": [{"ip": NODE_IP}],
+        "podIP": pod_ip(pod),
+        "podIPs": [{"ip": pod_ip(pod)}],
         "startTime": timestamp(start_time),
         "containerStatuses": list(container_statuses),
         "qosClass": "BestEffort",

@@ -172,12 +172,15 @@ def test_an_unscheduled_pod_is_bound_and_runs_with_downward_api_env(
     pod = wait_for(api, name, lambda p: phase(p) == "Succeeded")
     assert pod is not None
     assert pod["spec"]["nodeName"] == "local"
-    assert pod["status"]["podIP"] == "127.0.0.1"
+    ip = pod["status"]["podIP"]
+    assert ip.startswith("127."), "on the machine's loopback"
+    assert ip != "127.0.0.1", "an address of its own"
+    assert pod["status"]["hostIP"] == "127.0.0.1"
     assert container_status(pod)["state"]["terminated"]["exitCode"] == 0
     assert out.read_text().split("\n") == [
         name,
         NAMESPACE,
-        "127.0.0.1",
+        ip,
         "local",
         created["metadata"]["uid"],
         "counts",
@@ -238,9 +241,9 @@ def test_http_readiness_probe_on_a_named_port(api: KubeApi, kubelet: Kubelet) ->
         port = s.getsockname()[1]
     server = (
         "import http.server\n"
-        f"http.server.HTTPServer(('127.0.0.1', {port}), "
+        f"http.server.HTTPServer(('', {port}), "
         "http.server.SimpleHTTPRequestHandler).serve_forever()\n"
-    )
+    )  # every address: the probe goes to the pod's IP, as on a cluster
     manifest = pod_manifest(
         python(server),
         ports=[{"name": "http", "containerPort": port}],

@@ -11,6 +11,7 @@ from devstack.podspec import (
     ValueSources,
     container_env,
     expand,
+    pod_ip,
     process_spec,
     termination_grace_seconds,
 )
@@ -138,22 +139,20 @@ def test_what_the_kubelet_cannot_run_is_named(container: dict[str, Any], complai
 
 
 def test_probes_keep_kubernetes_defaults_and_resolve_named_ports() -> None:
-    spec = process_spec(
-        pod(
-            {
-                "command": ["x"],
-                "ports": [{"name": "metrics", "containerPort": 9100}],
-                "readinessProbe": {"httpGet": {"port": "metrics", "path": "/ready"}},
-                "livenessProbe": {"exec": {"command": ["true"]}, "periodSeconds": 3},
-            }
-        ),
-        "local",
+    probed = pod(
+        {
+            "command": ["x"],
+            "ports": [{"name": "metrics", "containerPort": 9100}],
+            "readinessProbe": {"httpGet": {"port": "metrics", "path": "/ready"}},
+            "livenessProbe": {"exec": {"command": ["true"]}, "periodSeconds": 3},
+        }
     )
+    spec = process_spec(probed, "local")
     readiness = spec.containers[0].readiness_probe
     liveness = spec.containers[0].liveness_probe
     assert readiness is not None
     assert liveness is not None
-    assert readiness.action == HttpGetAction(port=9100, path="/ready", host="127.0.0.1")
+    assert readiness.action == HttpGetAction(port=9100, path="/ready", host=pod_ip(probed))
     assert (readiness.period_seconds, readiness.failure_threshold, readiness.timeout_seconds) == (
         10,
         3,

@@ -14,6 +14,7 @@ truth (input positions live in each task's state), so every run gets a fresh one
 
 import faulthandler
 import logging
+import os
 import shutil
 import signal
 import tempfile
@@ -289,6 +290,11 @@ class Engine(Protocol):
         """Stop running batches and free what the engine holds."""
 
 
+LISTEN_ADDRESS_ENV = "SMOOTHSCALE_LISTEN_ADDRESS"
+"""The address the instance's metrics and probe endpoints listen on, when set (in spec.env):
+the pod's IP from the downward API (fieldRef status.podIP) serves them there only."""
+ALL_ADDRESSES = "0.0.0.0"
+
 EXIT_BATCH_UNFINISHED = 3
 """The worker's exit code when it stopped with a micro-batch still running (a hung pipeline)."""
 
@@ -301,7 +307,9 @@ def run_worker(config: WorkerConfig, start_engine: "EngineStarter | None" = None
     streaming query)."""
     pipeline = load_pipeline(config.pipeline)
     metrics = InstanceMetrics()
-    server = start_http_server(config.metrics_port, metrics)
+    server = start_http_server(
+        config.metrics_port, metrics, host=os.environ.get(LISTEN_ADDRESS_ENV, ALL_ADDRESSES)
+    )
     log.info(
         "instance %s of %s: metrics on port %d", config.instance_id, config.app_id, server.port
     )
