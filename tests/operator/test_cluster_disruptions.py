@@ -121,7 +121,10 @@ def test_an_owner_whose_pipeline_hangs_loses_its_tasks_and_the_kubelet_restarts_
         spark=False,
         pipeline="tests.operator.hanging_count:pipeline",
         stall_timeout=5.0,
-        env=(("HANG_KEY", HANGING_USER), ("HANG_MARKER", str(marker))),
+        env=(
+            {"name": "HANG_KEY", "value": HANGING_USER},
+            {"name": "HANG_MARKER", "value": str(marker)},
+        ),
     )
     out = io.StringIO()
     with session(hanging, out) as running:

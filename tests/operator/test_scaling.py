@@ -11,6 +11,7 @@ Scenarios about the runtime run Spark workers; those about the hand-over protoco
 
 import io
 import json
+import os
 import signal
 import time
 from dataclasses import replace
@@ -29,6 +30,7 @@ from devstack.demo.scenario import (
     DemoOptions,
     Session,
     session,
+    signal_pod,
 )
 from smoothscale.kafka import names
 from tests.operator.status_stream import handing_over, status_stream
@@ -269,6 +271,65 @@ def test_an_active_pod_killed_mid_batch_fails_its_tasks_over_at_once_exactly(
         story = out.getvalue()
         assert "warning FailedOver" in story.split("--force")[1], "a Warning Event says so"
         assert running.finish(), out.getvalue()
+
+
+POD_ADDRESS = {
+    "name": "SMOOTHSCALE_LISTEN_ADDRESS",
+    "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+}
+"""The instance's endpoints on its pod's own IP: pods here share the machine's network, and a
+process that outlives its pod would otherwise hold the port its same-name successor needs."""
+
+
+def test_a_frozen_owner_thawed_after_its_same_name_successor_took_over_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    """The active pod's process frozen (SIGSTOP: a node cut off, a stop-the-world pause), its
+    pod force-deleted; the operator creates the pod again under the same name (a new uid) and
+    its tasks fail over to that successor, which processes them. Then the old process is
+    thawed (SIGCONT), still following the assignments of its name: it finds them meant for
+    another pod and stops without committing (or Kafka fences it). Exact, never two owners."""
+    out = io.StringIO()
+    frozen = options(tmp_path, spark=False, env=(POD_ADDRESS,), termination_grace_seconds=300)
+    with session(frozen, out) as running:
+        watcher = running.watcher
+        start_steady(running)
+        watcher.hold()
+        victim = f"{APP_NAME}-0"
+        old = json.loads(
+            running.kubectl("get", "pod", "-n", NAMESPACE, victim, "-o", "json", quiet=True)
+        )
+        with running.phase("a frozen owner replaced"):
+            groups = signal_pod(old, signal.SIGSTOP)
+            running.say(f"SIGSTOP to the container of {victim} (process groups {groups})")
+            running.kubectl("delete", "pod", "-n", NAMESPACE, victim, "--grace-period=0", "--force")
+
+            def successor_active() -> bool:
+                uid = pod_uids(running).get(victim)
+                return uid not in (None, old["metadata"]["uid"]) and watcher.settled(1)
+
+            watcher.run_until(successor_active, "the successor active on every task")
+            watcher.hold()  # the successor processes while the old process is frozen
+            signal_pod(old, signal.SIGCONT)
+            running.say(f"SIGCONT to the old process of {victim}")
+            watcher.run_until(lambda: not alive(groups), "the old process gone")
+            watcher.hold()
+        story = out.getvalue()
+        thawed = running.cluster.container_log(old, "worker").read_text()
+        assert "warning InstanceReplaced" in story, story
+        assert "has been replaced by pod" in thawed or "fenced" in thawed, thawed[-3000:]
+        assert running.finish(), out.getvalue()
+
+
+def alive(groups: list[int]) -> bool:
+    """Whether any process of these process groups still runs (not yet reaped)."""
+    for group in groups:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            continue
+        return True
+    return False
 
 
 def test_two_operators_acting_at_once_through_a_scale_out_never_interleave_their_writes(

@@ -105,8 +105,10 @@ class DemoOptions:
     """spec.pipeline.ref: a running count (the reference the outputs are checked against)."""
     stall_timeout: float = 120.0
     """spec.pipeline.stallTimeout in seconds."""
-    env: tuple[tuple[str, str], ...] = ()
-    """More spec.env of the app: (name, value)."""
+    env: tuple[dict[str, Any], ...] = ()
+    """More spec.env of the app (Kubernetes EnvVars: a value, or valueFrom)."""
+    termination_grace_seconds: int | None = None
+    """spec.terminationGracePeriodSeconds (None: Kubernetes' default, 30 s)."""
 
 
 class DemoError(RuntimeError):
@@ -225,8 +227,8 @@ def streaming_app(options: DemoOptions, bootstrap_servers: str) -> dict[str, Any
     env = [{"name": "PYTHONPATH", "value": str(options.examples_root.resolve())}]
     if not options.spark:
         env.append(path_variable(options.workdir))
-    env += [{"name": name, "value": value} for name, value in options.env]
-    return {
+    env += options.env
+    app: dict[str, Any] = {
         "apiVersion": "smoothscale.io/v1alpha1",
         "kind": "StreamingApp",
         "metadata": {"name": APP_NAME, "namespace": NAMESPACE},
@@ -255,6 +257,9 @@ def streaming_app(options: DemoOptions, bootstrap_servers: str) -> dict[str, Any
             },
         },
     }
+    if options.termination_grace_seconds is not None:
+        app["spec"]["terminationGracePeriodSeconds"] = options.termination_grace_seconds
+    return app
 
 
 def instance_ports(span: int = 32) -> int:
