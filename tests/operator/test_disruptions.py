@@ -1,8 +1,10 @@
 """Disruptions a cluster imposes are hand-overs: a node drained (cordoned, then its pods
-evicted) and a pod deleted with a grace period give their tasks away by warm-ups and hand-overs
-before their pods go; the eviction API never kills an active owner. The operator's real control
-loop and real instances in this process (protocol.py), on an API server with nodes."""
+evicted as kubectl drain does it, the budget refusing until the pod holds nothing) and a pod
+deleted with a grace period give their tasks away by warm-ups and hand-overs before their pods
+go; the eviction API never kills an active owner. The operator's real control loop and real
+instances in this process (protocol.py), on an API server with nodes."""
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ from devstack.kafka.front import KafkaFront
 from smoothscale.kafka import names
 from smoothscale.kafka.progress import ProgressReader
 from smoothscale.kubeapi import KubeApiError
+from smoothscale.operator import reconcile
 from smoothscale.operator.reconcile import AppController
 from smoothscale.operator.status import busy
 from tests.operator.in_process import APPS, Platform, create_topics, streaming_app
@@ -43,9 +46,19 @@ def run(controller: AppController, pods: InProcessPods, until: Any, polls: int =
     raise AssertionError(f"not within {polls} polls: {until.__doc__}")
 
 
+@pytest.mark.parametrize("evicting", [True, False], ids=["drained", "cordoned-only"])
 def test_a_drained_node_gives_its_tasks_away_by_hand_overs_before_its_pod_goes(
-    platform: Platform, kafka_front: KafkaFront, tmp_path: Path
+    platform: Platform,
+    kafka_front: KafkaFront,
+    tmp_path: Path,
+    evicting: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """`drained`: kubectl drain's evictions take the pod once it holds nothing. `cordoned-only`:
+    nothing evicts it (a node cordoned by hand), so the operator deletes it itself once the
+    wait for an eviction is over (zero here)."""
+    if not evicting:
+        monkeypatch.setattr(reconcile, "EVICTION_WAIT", timedelta(0))
     add_nodes(platform, "node-a", "node-b")
     source = streaming_app(kafka_front.bootstrap_servers, replicas=2, scaling=FAST)
     create_topics(kafka_front.bootstrap_servers, source, partitions=TASKS)
@@ -89,9 +102,26 @@ def test_a_drained_node_gives_its_tasks_away_by_hand_overs_before_its_pod_goes(
             content_type="application/merge-patch+json",
         )
         produce(kafka_front.bootstrap_servers, topic, users[150:], TASKS)
+        evicted_holding: list[set[int]] = []  # what it held active when its eviction passed
+
+        def evict() -> None:
+            """kubectl drain's loop: evict the pod by name until it goes, 429 meanwhile"""
+            if evicted_holding or not evicting:
+                return
+            try:
+                platform.admin.request(
+                    "POST", f"/api/v1/namespaces/{APPS}/pods/{drained}/eviction", body=eviction
+                )
+            except KubeApiError as error:
+                if error.status != 429:
+                    raise
+                return
+            holders = active_holders(reader, pods, TASKS)
+            evicted_holding.append({task for task, pod in holders.items() if pod == drained})
 
         def off_the_node() -> bool:
             """no pod on node-a, every task active, the surge gone, nothing moving"""
+            evict()
             on_a = [
                 p["metadata"]["name"]
                 for p in platform.pods()
@@ -114,6 +144,7 @@ def test_a_drained_node_gives_its_tasks_away_by_hand_overs_before_its_pod_goes(
     assert refused.value.status == 429
     assert state == reference(users)
     reasons = [reason for _kind, reason, _message in platform.events]
+    assert evicted_holding == ([set()] if evicting else []), "evicted once it held nothing"
     assert "NodeDrain" in reasons
     assert "FailedOver" not in reasons, "every task moved by a hand-over"
     assert any("node node-a is being drained (cordoned)" in m for _k, _r, m in platform.events)
