@@ -436,10 +436,11 @@ class AppController:
 
     def _ensure_disruption_budget(self, app: StreamingApp, pods: Mapping[str, PodView]) -> None:
         """The app's PodDisruptionBudget: no eviction of an instance pod is allowed, so a drain
-        waits while the operator moves the pod's state off it and deletes the pod itself (the
-        pattern of CloudNativePG and Strimzi: block, move, release). Its minAvailable follows
-        the app's pods that are not being deleted: called once the poll's new pods exist, it
-        rises before a new pod can count as healthy, and falls only after a pod is gone."""
+        waits while the operator moves the pod's state off it, then lets the drain's eviction
+        take the pod once it holds nothing (the pattern of CloudNativePG and Strimzi: block,
+        move, release). Its minAvailable follows the pods it selects (not being deleted, not
+        left to an eviction): called once the poll's new pods exist, it rises before a new pod
+        can count as healthy, and falls only after a pod is gone."""
         count = sum(
             1 for pod in pods.values() if not pod.terminating and EVICTABLE_LABEL not in pod.labels
         )
