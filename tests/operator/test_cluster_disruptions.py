@@ -57,7 +57,7 @@ def test_kubectl_drain_of_a_node_moves_its_instance_by_warm_ups_and_hand_overs(
     """Three nodes; the operator on one, an instance on each of the others. `kubectl drain`
     of an instance's node: its evictions are refused (the app's PodDisruptionBudget) while the
     operator, seeing the node cordoned, warms the pod's tasks up on a surge pod elsewhere,
-    hands them over and deletes the pod itself; the drain then completes by itself, the pod is
+    hands them over and leaves the pod to the drain's eviction; the drain completes, the pod is
     re-created on another node, and every task moved by a hand-over, exactly."""
     out = io.StringIO()
     with session(options(tmp_path, spark=False, nodes=3), out) as running:
