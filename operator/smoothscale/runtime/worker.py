@@ -345,10 +345,12 @@ def run_worker(config: WorkerConfig, start_engine: "EngineStarter | None" = None
         if not instance.replaced and instance.stalled_for() is None:
             wait_for_hand_overs(instance, config.shutdown_timeout / 2)
     finally:
-        metrics.set_ready(False)
         # A stalled instance's tasks have failed over already and its hung micro-batch will
         # not end: waiting for it would only keep the kubelet's restart a grace period away.
-        budget = 0.0 if instance.stalled_for() is not None else config.shutdown_timeout / 2
+        # (Asked before it stops being ready: a stall is watched only while it is.)
+        stalled = instance.stalled_for() is not None
+        metrics.set_ready(False)
+        budget = 0.0 if stalled else config.shutdown_timeout / 2
         released = instance.shutdown(budget)
         if released and engine is not None:
             engine.stop()  # stopping the query waits for the batch in flight: not if it hangs
