@@ -23,7 +23,7 @@ from devstack.demo.scenario import (
     session,
 )
 from smoothscale.runtime.worker import EXIT_BATCH_UNFINISHED
-from tests.operator.test_scaling import options
+from tests.operator.test_scaling import options, start_steady
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
@@ -62,9 +62,7 @@ def test_kubectl_drain_of_a_node_moves_its_instance_by_warm_ups_and_hand_overs(
     out = io.StringIO()
     with session(options(tmp_path, spark=False, nodes=3), out) as running:
         watcher = running.watcher
-        running.apply(replicas=2)
-        watcher.run_until(lambda: watcher.settled(2), "two instances running")
-        running.feed.start()
+        start_steady(running, replicas=2)
         watcher.hold()
         operator_node = running.operator.pod()["spec"]["nodeName"]
         placed = pods_by_node(running)
@@ -129,9 +127,7 @@ def test_an_owner_whose_pipeline_hangs_loses_its_tasks_and_the_kubelet_restarts_
     out = io.StringIO()
     with session(hanging, out) as running:
         watcher = running.watcher
-        running.apply(replicas=2)
-        watcher.run_until(lambda: watcher.settled(2), "two instances running")
-        running.feed.start()
+        start_steady(running, replicas=2)
         watcher.hold()
         with running.phase("an owner hangs"):
             producer = Producer({"bootstrap.servers": running.bootstrap, **QUIET})

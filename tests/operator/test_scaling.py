@@ -63,9 +63,12 @@ def pods(running: Session) -> list[str]:
     return sorted(pod["metadata"]["name"] for pod in listing["items"])
 
 
-def start_steady(running: Session) -> None:
-    running.apply(replicas=1)
-    running.watcher.run_until(lambda: running.watcher.settled(1), "the first instance running")
+def start_steady(running: Session, replicas: int = 1) -> None:
+    """The app applied with `replicas`, running, and the steady input started."""
+    running.apply(replicas=replicas)
+    running.watcher.run_until(
+        lambda: running.watcher.settled(replicas), f"{replicas} instance(s) running"
+    )
     running.feed.start()
 
 
@@ -167,9 +170,7 @@ def test_a_drain_that_times_out_moves_the_tasks_anyway_with_a_warning(tmp_path: 
     out = io.StringIO()
     with session(options(tmp_path, drain_timeout=0.5, spark=False), out) as running:
         watcher = running.watcher
-        running.apply(replicas=2)
-        watcher.run_until(lambda: watcher.settled(2), "two instances running")
-        running.feed.start()
+        start_steady(running, replicas=2)
         running.scale(1)
         watcher.run_until(lambda: watcher.settled(1), "the scale-in")
         watcher.run_until(lambda: pods(running) == [f"{APP_NAME}-0"], "the drained pod gone")
@@ -254,9 +255,7 @@ def test_an_active_pod_killed_mid_batch_fails_its_tasks_over_at_once_exactly(
     out = io.StringIO()
     with session(options(tmp_path), out) as running:
         watcher = running.watcher
-        running.apply(replicas=2)
-        watcher.run_until(lambda: watcher.settled(2), "two instances running")
-        running.feed.start()
+        start_steady(running, replicas=2)
         watcher.hold()
 
         # Force-deleted: the pod object goes at once and its tasks fail over, but its process
@@ -464,9 +463,7 @@ def test_a_changed_pod_template_rolls_the_pods_one_at_a_time_through_warm_ups(
     rolling = options(tmp_path, phase_timeout=900, trigger_interval=SPARK_TRIGGER_INTERVAL)
     with session(rolling, out) as running:
         watcher = running.watcher
-        running.apply(replicas=2)
-        watcher.run_until(lambda: watcher.settled(2), "two instances running")
-        running.feed.start()
+        start_steady(running, replicas=2)
         watcher.hold()
         before = pod_uids(running)
         (old_hash,) = set(template_hashes(running).values())
