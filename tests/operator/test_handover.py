@@ -59,7 +59,7 @@ from smoothscale.operator.handover import (
     step,
 )
 from smoothscale.operator.ledger import rebuild
-from smoothscale.planner.model import PlannerConfig
+from smoothscale.planner.model import PlannerConfig, TaskMoves
 from smoothscale.runtime.writer import Writer
 from smoothscale.tasks import TaskId, TaskRole
 
@@ -758,7 +758,7 @@ def test_scale_out_warms_up_first_and_moves_nothing_while_the_warmups_are_behind
 
 def test_stop_the_world_hands_tasks_to_a_new_instance_at_once_through_the_release() -> None:
     eager = PlannerConfig(
-        acceptable_recovery_lag=CONFIG.acceptable_recovery_lag, stop_the_world=True
+        acceptable_recovery_lag=CONFIG.acceptable_recovery_lag, moves=TaskMoves.AT_ONCE
     )
     cluster = Cluster(tasks=4, config=eager)
     cluster.start("a")

@@ -6,7 +6,15 @@ from dataclasses import dataclass
 
 import pytest
 
-from smoothscale.planner import ClusterState, Instance, MoveKind, Plan, PlannerConfig, plan
+from smoothscale.planner import (
+    ClusterState,
+    Instance,
+    MoveKind,
+    Plan,
+    PlannerConfig,
+    TaskMoves,
+    plan,
+)
 from smoothscale.tasks import TaskRole
 from tests.planner.simulation import advance
 
@@ -364,13 +372,44 @@ def test_config_that_could_never_move_a_task_is_refused() -> None:
         PlannerConfig(max_warmup_replicas=0)
 
 
-# --- the stop-the-world baseline (spec.scaling.strategy StopTheWorld) -----------------------
+# --- the baselines: Cooperative (no warm-ups) and StopTheWorld ---------------------------
+
+
+def cooperative(state: ClusterState) -> ClusterState:
+    return ClusterState(state.tasks, state.instances, PlannerConfig(moves=TaskMoves.WHEN_READY))
+
+
+def test_cooperative_moves_nothing_to_a_starting_instance_and_warms_nothing_up() -> None:
+    result = plan(cooperative(scale_out_2_to_4()))
+    assert moves_of(result) == [], "no warm-up, and no active to a pod that is not ready"
+    assert actives(result)["app-2"] == []
+    assert actives(result)["app-3"] == []
+
+
+def test_cooperative_moves_every_task_to_its_target_once_that_is_ready_lag_or_not() -> None:
+    state = scale_out_2_to_4()
+    ready = [instance(i.id, ready=True) if not i.ready else i for i in state.instances]
+    result = plan(cooperative(ClusterState(state.tasks, ready, state.config)))
+    owners = {"app-0": [0, 1, 2], "app-2": [3, 4, 5], "app-1": [6, 7, 8], "app-3": [9, 10, 11]}
+    assert actives(result) == owners, "no replica of theirs is caught up: they move anyway"
+    assert not any(m.kind is MoveKind.START_WARMUP for m in result.moves)
+
+
+def test_cooperative_scale_in_moves_the_drained_tasks_at_once_to_the_kept_instances() -> None:
+    state = ClusterState(
+        range(4),
+        [instance("app-0", [0, 1]), instance("app-1", [2, 3], draining=True)],
+        PlannerConfig(moves=TaskMoves.WHEN_READY),
+    )
+    result = plan(state)
+    assert actives(result) == {"app-0": [0, 1, 2, 3], "app-1": []}
+    assert plan(advance(state, result)).converged
 
 
 def test_stop_the_world_moves_every_task_to_its_balanced_owner_at_once_warm_or_not() -> None:
     state = scale_out_2_to_4()
     eager = ClusterState(
-        state.tasks, state.instances, PlannerConfig(stop_the_world=True, max_warmup_replicas=2)
+        state.tasks, state.instances, PlannerConfig(moves=TaskMoves.AT_ONCE, max_warmup_replicas=2)
     )
     result = plan(eager)
     owners = {"app-0": [0, 1, 2], "app-2": [3, 4, 5], "app-1": [6, 7, 8], "app-3": [9, 10, 11]}

@@ -638,6 +638,7 @@ class ScalingStrategy(StrEnum):
     """How tasks move to a new owner (spec.scaling.strategy)."""
 
     WARM_UP = "WarmUp"
+    COOPERATIVE = "Cooperative"
     STOP_THE_WORLD = "StopTheWorld"
 
 
@@ -646,9 +647,12 @@ class ScalingSpec(ApiModel):
 
     strategy: ScalingStrategy = ScalingStrategy.WARM_UP
     """WarmUp: a task moves only once its new owner has caught up, warmed up in the background
-    while the old owner keeps processing. StopTheWorld: every task goes at once to its new
-    owner, which restores the task's state before it processes it, as scaling works without
-    smoothscale; a baseline to measure against (benchmarks/scaling.py), not for production."""
+    while the old owner keeps processing. Cooperative: no warm-ups; a task moves as soon as its
+    new owner's pod is ready, and is stopped while the new owner restores its state (Kafka
+    Streams without KIP-441's warm-ups). StopTheWorld: every task goes at once to its new
+    owner, even a pod still starting, which restores the task's state before it processes it:
+    the worst case. Cooperative and StopTheWorld are baselines to measure against
+    (benchmarks/scaling.py), not for production."""
 
     acceptable_recovery_lag: Annotated[int, Field(strict=True, ge=0)] = 10_000
     """A warm-up whose changelog lag (records, summed over the task's stores) is at most this is

@@ -82,7 +82,7 @@ from smoothscale.operator.pods import (
 from smoothscale.operator.policy import AccessPolicy
 from smoothscale.operator.status import Problem, Snapshot, app_status, busy
 from smoothscale.operator.topics import TopicCheck, TopicManager
-from smoothscale.planner.model import PlannerConfig
+from smoothscale.planner.model import PlannerConfig, TaskMoves
 from smoothscale.tasks import TaskId, TaskRole
 
 log = logging.getLogger(__name__)
@@ -114,8 +114,15 @@ def planner_config(scaling: ScalingSpec) -> PlannerConfig:
         acceptable_recovery_lag=scaling.acceptable_recovery_lag,
         max_warmup_replicas=scaling.max_warmup_replicas,
         num_standby_replicas=scaling.num_standby_replicas,
-        stop_the_world=scaling.strategy is ScalingStrategy.STOP_THE_WORLD,
+        moves=_MOVES[scaling.strategy],
     )
+
+
+_MOVES = {
+    ScalingStrategy.WARM_UP: TaskMoves.WHEN_CAUGHT_UP,
+    ScalingStrategy.COOPERATIVE: TaskMoves.WHEN_READY,
+    ScalingStrategy.STOP_THE_WORLD: TaskMoves.AT_ONCE,
+}
 
 
 def app_path(namespace: str, name: str) -> str:

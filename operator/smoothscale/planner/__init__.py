@@ -9,6 +9,7 @@ from smoothscale.planner.model import (
     MoveKind,
     Plan,
     PlannerConfig,
+    TaskMoves,
 )
 
 __all__ = [
@@ -19,5 +20,6 @@ __all__ = [
     "MoveKind",
     "Plan",
     "PlannerConfig",
+    "TaskMoves",
     "plan",
 ]

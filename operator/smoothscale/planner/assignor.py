@@ -32,6 +32,7 @@ from smoothscale.planner.model import (
     MoveKind,
     Plan,
     PlannerConfig,
+    TaskMoves,
 )
 from smoothscale.tasks import TaskId, TaskRole
 
@@ -292,11 +293,18 @@ def _place_actives(view: _View, target: _Target) -> _Actives:
             else f"{owner} holds more than its balanced share of {target.share[owner]} actives"
         )
         lag = view.lag(goal, task)
-        if view.config.stop_the_world:
+        moves = view.config.moves
+        if moves is TaskMoves.AT_ONCE:
             actives.owner[task] = goal
             actives.hand_overs[task] = (
                 f"stop-the-world: {why}, {goal} is the balanced target; it restores the task's "
                 "state before it processes it"
+            )
+        elif view.instances[goal].ready and moves is TaskMoves.WHEN_READY:
+            actives.owner[task] = goal
+            actives.hand_overs[task] = (
+                f"no warm-ups (Cooperative): {why}, {goal} is the balanced target and ready; "
+                "it restores the task's state before it processes it"
             )
         elif view.instances[goal].ready and lag is not None and lag <= acceptable:
             replica = "standby" if view.role(goal, task) is TaskRole.STANDBY else "warm-up"
@@ -351,7 +359,10 @@ def _most_caught_up(
 def _place_warmups(
     view: _View, target: _Target, owner: dict[TaskId, InstanceId]
 ) -> dict[TaskId, InstanceId]:
-    """Warm-ups to hold after the moves, by task: only on targets of tasks still to move."""
+    """Warm-ups to hold after the moves, by task: only on targets of tasks still to move, and
+    only when tasks move once caught up."""
+    if view.config.moves is not TaskMoves.WHEN_CAUGHT_UP:
+        return {}
     running: list[TaskId] = []
     waiting: dict[InstanceId, list[TaskId]] = {}
     for task in view.tasks:

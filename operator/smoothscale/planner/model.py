@@ -14,6 +14,20 @@ InstanceId = str
 """An instance is named by its pod name."""
 
 
+class TaskMoves(StrEnum):
+    """When an active task moves to its balanced target (what spec.scaling.strategy sets)."""
+
+    WHEN_CAUGHT_UP = "WhenCaughtUp"
+    """Once the target's replica of it has caught up: a warm-up restores it in the background
+    while the old owner keeps processing (strategy WarmUp, KIP-441)."""
+    WHEN_READY = "WhenReady"
+    """As soon as the target is ready, without a warm-up: it restores the task's state before
+    it processes it (strategy Cooperative: Kafka Streams' cooperative rebalancing without
+    KIP-441's warm-ups)."""
+    AT_ONCE = "AtOnce"
+    """At once, even to a target still starting (strategy StopTheWorld)."""
+
+
 @dataclass(frozen=True)
 class PlannerConfig:
     """The knobs of spec.scaling that shape the plan (Kafka Streams' names and defaults)."""
@@ -24,9 +38,9 @@ class PlannerConfig:
     """How many warm-up replicas may run at once across the whole app (at least 1)."""
     num_standby_replicas: int = 0
     """How many hot standby copies each task keeps on kept instances other than its owner."""
-    stop_the_world: bool = False
-    """Every task goes at once to its balanced target, whatever that instance's lag or
-    readiness: the eager baseline (spec.scaling.strategy StopTheWorld)."""
+    moves: TaskMoves = TaskMoves.WHEN_CAUGHT_UP
+    """When an active moves to its balanced target; warm-ups are planned only for
+    WHEN_CAUGHT_UP (the others move without one)."""
 
     def __post_init__(self) -> None:
         if self.acceptable_recovery_lag < 0:
