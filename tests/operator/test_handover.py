@@ -59,7 +59,7 @@ from smoothscale.operator.handover import (
     step,
 )
 from smoothscale.operator.ledger import rebuild
-from smoothscale.planner.model import PlannerConfig, TaskMoves
+from smoothscale.planner.model import MoveKind, PlannerConfig, TaskMoves
 from smoothscale.runtime.writer import Writer
 from smoothscale.tasks import TaskId, TaskRole
 
@@ -772,6 +772,24 @@ def test_stop_the_world_hands_tasks_to_a_new_instance_at_once_through_the_releas
         for a in cluster.ledger.assignments.values()
         for held in a.tasks.values()
     )
+
+
+def test_cooperative_hands_tasks_over_without_warm_ups_through_the_release() -> None:
+    cooperative = PlannerConfig(
+        acceptable_recovery_lag=CONFIG.acceptable_recovery_lag, moves=TaskMoves.WHEN_READY
+    )
+    cluster = Cluster(tasks=4, config=cooperative)
+    cluster.start("a")
+    cluster.run_until_settled()
+    cluster.start("b")
+    cluster.run_until_settled()
+    assert cluster.actives() == {"a": [0, 1], "b": [2, 3]}
+    assert not any(
+        move.kind is MoveKind.START_WARMUP for step in cluster.history for move in step.plan.moves
+    ), "no warm-up was planned (the new owner restores from the release on)"
+    cluster.draining.add("b")
+    cluster.run_until_settled()
+    assert cluster.actives() == {"a": [0, 1, 2, 3]}, "b drained and gone"
 
 
 def test_the_new_owner_is_active_only_after_the_old_owner_released() -> None:
