@@ -639,6 +639,7 @@ class ScalingStrategy(StrEnum):
 
     WARM_UP = "WarmUp"
     COOPERATIVE = "Cooperative"
+    RESTART = "Restart"
     STOP_THE_WORLD = "StopTheWorld"
 
 
@@ -649,9 +650,12 @@ class ScalingSpec(ApiModel):
     """WarmUp: a task moves only once its new owner has caught up, warmed up in the background
     while the old owner keeps processing. Cooperative: no warm-ups; a task moves as soon as its
     new owner's pod is ready, and is stopped while the new owner restores its state (Kafka
-    Streams without KIP-441's warm-ups). StopTheWorld: every task goes at once to its new
-    owner, even a pod still starting, which restores the task's state before it processes it:
-    the worst case. Cooperative and StopTheWorld are baselines to measure against
+    Streams without KIP-441's warm-ups). Restart: on any change of the instance count or the
+    pod template, every pod releases its tasks and stops, then the new count starts and every
+    task restores before it processes (what the Spark operators do; switching an app to it
+    restarts it once). StopTheWorld: every task goes at once to its new owner, even a pod
+    still starting, which restores the task's state before it processes it: the worst case.
+    Cooperative, Restart and StopTheWorld are baselines to measure against
     (benchmarks/scaling.py), not for production."""
 
     acceptable_recovery_lag: Annotated[int, Field(strict=True, ge=0)] = 10_000

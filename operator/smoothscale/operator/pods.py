@@ -43,6 +43,9 @@ EVICTABLE_LABEL = f"{LABEL_PREFIX}evictable"
 """Set by the operator on a pod that holds no task any more and sits on a node being drained:
 the app's PodDisruptionBudget no longer selects it, so the drain's eviction takes it."""
 TEMPLATE_HASH_ANNOTATION = f"{LABEL_PREFIX}pod-template-hash"
+INSTANCES_ANNOTATION = f"{LABEL_PREFIX}instances"
+"""The app's instance count when the pod was created: strategy Restart restarts every pod
+created for another count."""
 MANAGED_BY = "smoothscale"
 COMPONENT = "worker"
 CONTAINER_NAME = "worker"
@@ -265,9 +268,14 @@ def disruption_budget(app: StreamingApp, owner_uid: str, pods: int) -> JsonObjec
 
 
 def build_pod(
-    app: StreamingApp, ordinal: int, owner_uid: str, base_port: int = BASE_PORT
+    app: StreamingApp,
+    ordinal: int,
+    owner_uid: str,
+    base_port: int = BASE_PORT,
+    instances: int | None = None,
 ) -> JsonObject:
-    """The core/v1 Pod of the app's instance `ordinal`, owned by the StreamingApp (`owner_uid`).
+    """The core/v1 Pod of the app's instance `ordinal`, owned by the StreamingApp (`owner_uid`),
+    created while the app runs `instances` instances (INSTANCES_ANNOTATION, when given).
 
     It starts with role idle: a new instance holds nothing until the operator assigns it tasks.
     """
@@ -306,6 +314,9 @@ def build_pod(
         ]
     if spec.tolerations:
         pod_spec["tolerations"] = [toleration.to_kubernetes() for toleration in spec.tolerations]
+    annotations = {TEMPLATE_HASH_ANNOTATION: pod_template_hash(app)}
+    if instances is not None:
+        annotations[INSTANCES_ANNOTATION] = str(instances)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -313,7 +324,7 @@ def build_pod(
             "name": name,
             "namespace": app.namespace,
             "labels": pod_labels(app.name, name, InstanceRole.IDLE),
-            "annotations": {TEMPLATE_HASH_ANNOTATION: pod_template_hash(app)},
+            "annotations": annotations,
             "ownerReferences": _owned_by(app, owner_uid),
         },
         "spec": pod_spec,

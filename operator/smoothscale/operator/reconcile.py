@@ -68,6 +68,7 @@ from smoothscale.operator.observe import (
 from smoothscale.operator.pods import (
     BASE_PORT,
     EVICTABLE_LABEL,
+    INSTANCES_ANNOTATION,
     ROLE_LABEL,
     TEMPLATE_HASH_ANNOTATION,
     PodSpecError,
@@ -122,6 +123,7 @@ _MOVES = {
     ScalingStrategy.WARM_UP: TaskMoves.WHEN_CAUGHT_UP,
     ScalingStrategy.COOPERATIVE: TaskMoves.WHEN_READY,
     ScalingStrategy.STOP_THE_WORLD: TaskMoves.AT_ONCE,
+    ScalingStrategy.RESTART: TaskMoves.WHEN_READY,
 }
 
 
@@ -194,6 +196,8 @@ class AppController:
         self._heartbeats = Heartbeats()
         self._rolling = False
         """A rolling update was seen under way (for the RolledOut Event)."""
+        self._restarting = False
+        """A restart (strategy Restart) was seen under way (for its Restart Event)."""
         self._evictable: dict[str, tuple[str, datetime]] = {}
         """Drained pods left to a drain's eviction: their uid, and since when."""
         self._budget_pods: int | None = None
@@ -271,9 +275,13 @@ class AppController:
         # start while its Spark session starts.
         pods = self._delete_failed(observe_pods(self.kube, self.namespace, self.name))
         on_draining_nodes = self._on_draining_nodes(pods)
-        roll = self._roll(app, desired, pods, on_draining_nodes)
+        restarting = self._restart(app, desired, pods)
+        roll = (
+            _Roll(False, None) if restarting else self._roll(app, desired, pods, on_draining_nodes)
+        )
         try:
-            pods = self._create_missing_pods(app, desired + (1 if roll.surge else 0), pods)
+            creating = 0 if restarting else desired + (1 if roll.surge else 0)
+            pods = self._create_missing_pods(app, creating, desired, pods)
         except PodSpecError as error:
             problem = Problem("InvalidPodSpec", f"no instance pod can be built: {error}")
             return self._degraded(app, generation, now, [problem, *problems])
@@ -282,7 +290,7 @@ class AppController:
         # drains, its process serving until its tasks are handed over (or its grace runs out).
         live = dict(pods)
         problems += _crash_problems(self.namespace, live)
-        statuses = self._instance_statuses(live, desired, scaling, now, roll)
+        statuses = self._instance_statuses(live, desired, scaling, now, roll, restarting=restarting)
         self._track_scaling(desired, now)
 
         try:
@@ -525,6 +533,33 @@ class AppController:
         )
         return _Roll(surge=True, replacing=target)
 
+    def _restart(
+        self, app: StreamingApp, desired: int, pods: Mapping[str, PodView]
+    ) -> frozenset[str]:
+        """With strategy Restart, the pods of the app's previous run, to stop (derived from
+        the pods alone): while any pod runs an older template or was created for another
+        instance count, every such pod drains, releasing its tasks to nobody, and no pod is
+        created; once they are all gone, the new count starts, and every task restores before
+        it processes, as a Spark operator restarts an app on any change."""
+        if app.spec.scaling.strategy is not ScalingStrategy.RESTART:
+            return frozenset()
+        template = pod_template_hash(app)
+        stale = frozenset(
+            name
+            for name, pod in pods.items()
+            if pod.annotations.get(TEMPLATE_HASH_ANNOTATION) != template
+            or pod.annotations.get(INSTANCES_ANNOTATION) != str(desired)
+        )
+        if stale and not self._restarting:
+            self.events(
+                "Normal",
+                "Restart",
+                f"restarting the app (strategy Restart): its {len(stale)} pod(s) release their "
+                f"tasks and stop, then {desired} start; every task restores before it processes",
+            )
+        self._restarting = bool(stale)
+        return stale
+
     def _instance_statuses(
         self,
         live: Mapping[str, PodView],
@@ -532,10 +567,13 @@ class AppController:
         scaling: ScalingSpec,
         now: datetime,
         roll: "_Roll",
+        *,
+        restarting: frozenset[str],
     ) -> dict[str, InstanceStatus]:
         """Every live pod is an instance; those beyond the desired count drain (highest
         ordinals first: the scale-in choice is deterministic), except the surge instance of a
-        rolling update, and so does the pod the rolling update replaces."""
+        rolling update, and so does the pod the rolling update replaces, and every pod of a
+        run being restarted."""
         instances = desired + (1 if roll.surge else 0)
         for name in set(self._draining_since) - set(live):
             del self._draining_since[name]
@@ -546,6 +584,7 @@ class AppController:
                 pod.ordinal is None
                 or pod.ordinal >= instances
                 or name == roll.replacing
+                or name in restarting
                 or pod.terminating
             )
             if not draining:
@@ -604,14 +643,15 @@ class AppController:
     # Act --------------------------------------------------------------------------------
 
     def _create_missing_pods(
-        self, app: StreamingApp, desired: int, pods: dict[str, PodView]
+        self, app: StreamingApp, count: int, desired: int, pods: dict[str, PodView]
     ) -> dict[str, PodView]:
+        """Create the missing pods of ordinals below `count`, for a run of `desired`."""
         owner_uid = str(app.metadata.get("uid", ""))
-        for ordinal in range(desired):
+        for ordinal in range(count):
             name = instance_name(self.name, ordinal)
             if name in pods:
                 continue  # running, or still terminating: re-created once it is gone
-            pod = build_pod(app, ordinal, owner_uid, self.instance_port)
+            pod = build_pod(app, ordinal, owner_uid, self.instance_port, instances=desired)
             created = self.kube.request("POST", pods_path(self.namespace), body=pod)
             pods[name] = PodView.of(created)
             self.events("Normal", "PodCreated", f"created instance pod {name}")
