@@ -14,6 +14,10 @@ forwards every request to its broker, except that it:
   Produce and Fetch versions that carry leader endpoints, KIP-951);
 - after `compact`, rewrites Fetch responses of that partition as Kafka's log cleaner leaves the
   log (see compaction.py). Until then Fetch responses are copied untouched;
+- answers CreatePartitions (v0-v1) itself: the mock cannot add partitions to a topic, so the
+  partitions added live in an extension topic of the mock, and every request and response that
+  names partitions (Produce, Fetch, ListOffsets, Metadata, group offsets, transactions) is
+  mapped between the clients' view and the mock's (see partitions.py);
 - answers DeleteRecords (v0-v1) itself: it keeps each partition's log start offset, which
   ListOffsets answers then never go below, and a Fetch below it is OFFSET_OUT_OF_RANGE, as on a
   cluster whose retention deleted the records;
@@ -48,11 +52,14 @@ from devstack.kafka.compaction import (
 from devstack.kafka.embedded import EmbeddedKafka, EmbeddedKafkaError
 from devstack.kafka.fencing import VERSION_CAPS as _TRANSACTION_CAPS
 from devstack.kafka.fencing import ProducerFence
+from devstack.kafka.partitions import MAPPED_APIS, PartitionMap
+from devstack.kafka.partitions import VERSION_CAPS as _PARTITION_CAPS
 from devstack.kafka.protocol import (
     ADD_OFFSETS_TO_TXN,
     ADD_PARTITIONS_TO_TXN,
     ALTER_CONFIGS,
     API_VERSIONS,
+    CREATE_PARTITIONS,
     CREATE_TOPICS,
     DELETE_RECORDS,
     DELETE_TOPICS,
@@ -103,9 +110,11 @@ _VERSION_CAPS = {
     METADATA: 8,
     FIND_COORDINATOR: 2,
     **_TRANSACTION_CAPS,
+    **_PARTITION_CAPS,
 }
 _FENCEABLE = {PRODUCE, ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN}
 _ANSWERED_HERE = {
+    CREATE_PARTITIONS: (0, 1),
     CREATE_TOPICS: (0, 4),
     DELETE_TOPICS: (0, 3),
     DELETE_RECORDS: (0, 1),
@@ -217,6 +226,7 @@ class KafkaFront:
         self._configs: dict[str, dict[str, str]] = {}
         self._compactions: dict[tuple[str, int], Compaction] = {}
         self._log_starts: dict[tuple[str, int], int] = {}
+        self._partitions = PartitionMap()
         self._fence = ProducerFence()
         self._transactions = TransactionLog()
         self._loop = asyncio.new_event_loop()
@@ -294,6 +304,7 @@ class KafkaFront:
         self, topic: str, partition: int, broker: _Address
     ) -> tuple[list[RecordBatch], int]:
         """Every record batch of a partition, from offset 0 to the high watermark, and that."""
+        topic, partition = self._partitions.to_mock(topic, partition)
         batches: list[RecordBatch] = []
         offset, high_watermark = 0, 1
         while offset < high_watermark:
@@ -368,7 +379,24 @@ class KafkaFront:
                         reader.int32()
             if error_code == _NONE:
                 layouts[name] = _TopicLayout(partitions)
-        return layouts
+        return self._grown_layouts(layouts)
+
+    def _grown_layouts(self, layouts: dict[str, _TopicLayout]) -> dict[str, _TopicLayout]:
+        """The mock's topic layouts as clients see them: a grown topic with the partitions of
+        its extensions, and no extension as a topic of its own."""
+        if not self._partitions:
+            return layouts
+        seen = {}
+        for name, layout in layouts.items():
+            if self._partitions.is_extension(name):
+                continue
+            partitions = dict(layout.partitions)
+            for extension in self._partitions.extensions(name):
+                grown = layouts.get(extension.name)
+                for index, leader in (grown.partitions if grown else {}).items():
+                    partitions[extension.first + index] = leader
+            seen[name] = _TopicLayout(partitions)
+        return seen
 
     async def _call_any_broker(self, api_key: int, version: int, body: bytes) -> bytes:
         failures = []
@@ -478,6 +506,58 @@ class KafkaFront:
         self._configs[name] = {k: v for k, v in configs.items() if v is not None}
         return _NONE, None
 
+    async def _create_partitions(self, _version: int, body: Reader) -> bytes:
+        """CreatePartitions v0-v1: a topic grows to the count asked; its new partitions are an
+        extension topic of the mock (see partitions.py), empty, starting at offset 0."""
+        requests = []
+        for _ in range(body.array_length()):
+            name = body.string()
+            count = body.int32()
+            assignments = body.array_length()
+            for _ in range(max(assignments, 0)):
+                for _ in range(body.array_length()):
+                    body.int32()
+            requests.append((name, count, assignments > 0))
+        body.int32()  # timeout_ms: growth is immediate here
+        validate_only = body.boolean()
+        layouts = await self._topic_layouts()
+        names = [request[0] for request in requests]
+        answer = Writer().int32(0).int32(len(requests))
+        for name, count, assigned in requests:
+            layout = layouts.get(name)
+            message: str | None = None
+            if layout is None:
+                error_code, message = _UNKNOWN_TOPIC_OR_PARTITION, f"Topic '{name}' does not exist."
+            elif names.count(name) > 1:
+                error_code = _INVALID_REQUEST
+                message = f"topic {name!r} appears more than once in the request"
+            elif assigned:
+                error_code = _INVALID_REQUEST
+                message = "this dev cluster does not take manual replica assignments"
+            elif count <= len(layout.partitions):
+                error_code = _INVALID_PARTITIONS
+                message = (
+                    f"Topic currently has {len(layout.partitions)} partitions, which is higher "
+                    f"than or equal to the requested {count}."
+                    if count < len(layout.partitions)
+                    else f"Topic already has {count} partitions."
+                )
+            else:
+                error_code = _NONE
+                if not validate_only:
+                    error_code, message = self._grow(name, len(layout.partitions), count)
+            answer.nullable_string(name).int16(error_code).nullable_string(message)
+        return answer.bytes()
+
+    def _grow(self, topic: str, partitions: int, count: int) -> tuple[int, str | None]:
+        extension = self._partitions.grow(topic, partitions, count)
+        try:
+            self.kafka.create_topic(extension.name, extension.count)
+        except EmbeddedKafkaError as error:
+            self._partitions.forget_extension(extension)
+            return _INVALID_REQUEST, str(error)
+        return _NONE, None
+
     async def _incremental_alter_configs(self, _version: int, body: Reader) -> bytes:
         """IncrementalAlterConfigs v0 for topics: SET, DELETE (back to the default), APPEND and
         SUBTRACT (list configs such as cleanup.policy); each resource all or nothing."""
@@ -585,6 +665,8 @@ class KafkaFront:
             if name in existing:
                 try:
                     self.kafka.delete_topic(name)
+                    for extension in self._partitions.forget(name):
+                        self.kafka.delete_topic(extension.name)
                 except EmbeddedKafkaError:
                     error_code = _INVALID_REQUEST
                 else:
@@ -622,7 +704,9 @@ class KafkaFront:
                 if broker is None:
                     answer.int32(partition).int64(-1).int16(_UNKNOWN_TOPIC_OR_PARTITION)
                     continue
-                high_watermark = await _high_watermark(broker, topic, partition)
+                high_watermark = await _high_watermark(
+                    broker, *self._partitions.to_mock(topic, partition)
+                )
                 before = high_watermark if requested == _LATEST else requested
                 if not 0 <= before <= high_watermark:
                     answer.int32(partition).int64(-1).int16(_OFFSET_OUT_OF_RANGE)
@@ -700,6 +784,11 @@ class KafkaFront:
             if answered:
                 awaited[header.correlation_id] = self._forwarded_request(answer, header, request)
                 answers.put_nowait(answer)
+            if self._partitions and header.api_key in MAPPED_APIS:
+                mapped = self._partitions.request(
+                    header.api_key, header.api_version, request[header.body_offset :]
+                )
+                request = request[: header.body_offset] + mapped
             broker.write(frame(request))
             await broker.drain()
 
@@ -730,6 +819,8 @@ class KafkaFront:
     def _handler(self, api_key: int) -> Callable[[int, Reader], Awaitable[bytes]] | None:
         if api_key == CREATE_TOPICS:
             return self._create_topics
+        if api_key == CREATE_PARTITIONS:
+            return self._create_partitions
         if api_key == DELETE_TOPICS:
             return self._delete_topics
         if api_key == DELETE_RECORDS:
@@ -752,6 +843,10 @@ class KafkaFront:
 
     def _rewrite_response(self, request: _Forwarded, response: bytes) -> bytes:
         version = request.version
+        if self._partitions and request.api_key in MAPPED_APIS:
+            # Into the clients' view first: the rewrites below all work in it.
+            mapped = self._partitions.response(request.api_key, version, response[4:])
+            response = response[:4] + mapped
         if request.api_key == API_VERSIONS:
             return _rewrite_api_versions(version, response)
         if request.api_key == METADATA:
