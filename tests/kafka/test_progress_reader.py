@@ -2,8 +2,10 @@
 changelog, and reports that do not parse counted and skipped."""
 
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from devstack.kafka.embedded import EmbeddedKafka
+from devstack.kafka.front import KafkaFront
 from smoothscale.kafka import names
 from smoothscale.kafka.progress import ProgressCommitter, ProgressReader, ReportedRole, TaskReport
 from tests.runtime.kafka_helpers import unique
@@ -99,3 +101,26 @@ def test_a_report_that_does_not_parse_is_counted_and_skipped(
         assert reader.unreadable_reports == 2
     finally:
         reader.close()
+
+
+def test_the_ends_of_partitions_added_since_the_reader_started_are_read(
+    kafka_front: KafkaFront,
+) -> None:
+    """Input partitions added while the app runs: their changelog partitions are added too,
+    and the operator's long-lived reader, whose metadata knew fewer, reads their ends."""
+    app = unique("app")
+    stores = {"counts": names.changelog_topic(app, "counts")}
+    admin = AdminClient({"bootstrap.servers": kafka_front.bootstrap_servers})
+    admin.create_topics([NewTopic(stores["counts"], 2)])[stores["counts"]].result(10)
+    reader = ProgressReader(kafka_front.bootstrap_servers, app, stores)
+    try:
+        assert reader.end_offsets(2)[0] == {("counts", 0): 0, ("counts", 1): 0}
+        admin.create_partitions([NewPartitions(stores["counts"], 3)])[stores["counts"]].result(10)
+        producer = Producer({"bootstrap.servers": kafka_front.bootstrap_servers})
+        producer.produce(stores["counts"], key=b"k", value=b"1", partition=2)
+        producer.flush(10)
+
+        ends, _inputs = reader.end_offsets(3)
+    finally:
+        reader.close()
+    assert ends == {("counts", 0): 0, ("counts", 1): 0, ("counts", 2): 1}

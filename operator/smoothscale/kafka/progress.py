@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from confluent_kafka import Consumer, IsolationLevel, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._listoffsets import OffsetSpec
 
@@ -258,21 +258,36 @@ class ProgressReader:
         }
         if not requests:
             return {}, {}
-        futures = self._admin.list_offsets(
-            requests,
-            isolation_level=IsolationLevel.READ_COMMITTED,
-            request_timeout=self._timeout,
-        )
+        try:
+            latest = self._latest_offsets(requests)
+        except KafkaException as error:
+            if error.args[0].code() != KafkaError._UNKNOWN_PARTITION:
+                raise
+            # Partitions added since this client last read the topics' metadata (input
+            # partitions added: new tasks, and their changelog partitions): it would not ask
+            # again for minutes (topic.metadata.refresh.interval.ms), so ask now, and retry.
+            for topic in topics:
+                self._admin.list_topics(topic, timeout=self._timeout)
+            latest = self._latest_offsets(requests)
         store_of = {topic: store for store, topic in self._changelog_topics.items()}
         changelogs: dict[tuple[str, TaskId], int] = {}
         inputs: dict[tuple[str, TaskId], int] = {}
-        for partition, future in futures.items():
-            offset = future.result().offset
+        for partition, offset in latest.items():
             if partition.topic in store_of:
                 changelogs[(store_of[partition.topic], partition.partition)] = offset
             if partition.topic in self._input_topics:
                 inputs[(partition.topic, partition.partition)] = offset
         return changelogs, inputs
+
+    def _latest_offsets(
+        self, requests: Mapping[TopicPartition, OffsetSpec]
+    ) -> dict[TopicPartition, int]:
+        futures = self._admin.list_offsets(
+            dict(requests),
+            isolation_level=IsolationLevel.READ_COMMITTED,
+            request_timeout=self._timeout,
+        )
+        return {partition: future.result().offset for partition, future in futures.items()}
 
     def reports(self, instance_id: str, tasks: int) -> dict[TaskId, TaskReport]:
         """Instance `instance_id`'s reports for tasks 0..tasks-1, fetched in one request."""

@@ -42,6 +42,7 @@ from smoothscale.kafka.progress import (
     TaskReport,
 )
 from smoothscale.kafka.retention import DELETE_RETENTION, tombstone_retention_seconds
+from smoothscale.kafka.watermarks import watermarks
 from smoothscale.runtime.changelog import (
     ChangelogFormatError,
     ChangelogRecord,
@@ -575,9 +576,7 @@ class Instance:
                             break
                         if (topic, partition) in owned:
                             continue
-                        low, high = self._offsets.get_watermark_offsets(
-                            TopicPartition(topic, partition), timeout=10
-                        )
+                        low, high = watermarks(self._offsets, topic, partition, timeout=10)
                         if high > low:
                             sample[(topic, partition)] = max(low, high - records)
             except KafkaException as error:
@@ -1226,9 +1225,7 @@ class Instance:
         """Per topic, the earliest offset of the task's partition."""
         offsets: dict[str, int] = {}
         for topic in topics:
-            low, _high = self._offsets.get_watermark_offsets(
-                TopicPartition(topic, task), timeout=10
-            )
+            low, _high = watermarks(self._offsets, topic, task, timeout=10)
             offsets[topic] = max(0, low)
         return offsets
 
@@ -1349,9 +1346,7 @@ class Instance:
         for task, held in active.items():
             lag = 0
             for topic in self.config.input_topics:
-                _low, high = self._offsets.get_watermark_offsets(
-                    TopicPartition(topic, task), timeout=10
-                )
+                _low, high = watermarks(self._offsets, topic, task, timeout=10)
                 lag += max(0, high - self._input_position(held.state, topic))
             self.metrics.set_lag(task, TaskRole.ACTIVE, lag)
             waiting = waiting or lag > 0

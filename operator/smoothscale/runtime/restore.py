@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from smoothscale.kafka import names
+from smoothscale.kafka.watermarks import watermarks
 from smoothscale.runtime.changelog import (
     ChangelogFormatError,
     Cursor,
@@ -112,9 +113,7 @@ class _Applier:
         """Fail `state`'s task if retention deleted changelog records it still needs."""
         for store in state.stores:
             topic = self._topic_of[store]
-            log_start, _end = consumer.get_watermark_offsets(
-                TopicPartition(topic, state.task), timeout=timeout
-            )
+            log_start, _end = watermarks(consumer, topic, state.task, timeout=timeout)
             if log_start > state.position(store):
                 error = retention_error(state.task, topic, log_start, state.position(store))
                 log.error("%s", error)
@@ -134,9 +133,7 @@ class _Applier:
             return
         for store in state.stores:
             topic = self._topic_of[store]
-            _log_start, end = consumer.get_watermark_offsets(
-                TopicPartition(topic, state.task), timeout=10
-            )
+            _log_start, end = watermarks(consumer, topic, state.task, timeout=10)
             if end < state.position(store):
                 error = replaced_changelog_error(state.task, topic, end, state.position(store))
                 log.error("%s", error)
@@ -227,7 +224,7 @@ def end_offsets(
 ) -> dict[str, int]:
     """Per store, the end of the task's changelog partition a read_committed reader can reach."""
     return {
-        store: consumer.get_watermark_offsets(TopicPartition(topic, task), timeout=timeout)[1]
+        store: watermarks(consumer, topic, task, timeout=timeout)[1]
         for store, topic in changelog_topics.items()
     }
 
