@@ -9,6 +9,7 @@ import io
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -146,3 +147,53 @@ def test_an_owner_whose_pipeline_hangs_loses_its_tasks_and_the_kubelet_restarts_
         # It stopped at once on the kubelet's SIGTERM, not SIGKILLed a grace period later.
         assert ended["exitCode"] == EXIT_BATCH_UNFINISHED, ended
         assert running.finish(), out.getvalue()
+
+
+def active_tasks(running: Session) -> set[int]:
+    """The tasks the app's status shows with an active owner."""
+    return {
+        int(task["task"])
+        for task in running.watcher.status.get("tasks") or []
+        if any(holder["role"] == "active" for holder in task.get("holders") or [])
+    }
+
+
+def test_input_partitions_added_while_it_runs_become_new_tasks_with_owners(
+    tmp_path: Path,
+) -> None:
+    """Two partitions added to the input topic (CreatePartitions, as a person does with their
+    Kafka tools) under steady input, with new users sent to them: the operator grows the
+    changelog to match (Event ChangelogGrown), the two new tasks get owners and process from
+    their first record, and the running tasks go on without a pause beyond their usual
+    micro-batches; nothing lost or applied twice."""
+    out = io.StringIO()
+    with session(options(tmp_path, spark=False), out) as running:
+        watcher = running.watcher
+        start_steady(running, replicas=2)
+        watcher.hold()
+        before = running.options.tasks
+        with running.phase("input partitions added"):
+            grown_at = time.time()
+            running.grow_input(before + 2, keys=100)
+            watcher.run_until(
+                lambda: active_tasks(running) == set(range(before + 2)), "the new tasks owned"
+            )
+            watcher.run_until(lambda: watcher.settled(2), "two instances settled")
+            watcher.hold()
+        story = out.getvalue()
+        assert "event ChangelogGrown" in story, story
+        assert "warning " not in story, "partitions added are planned: nothing to warn of"
+        assert running.finish(), out.getvalue()
+        timelines = running.timelines
+        assert len(timelines) == before + 2
+        (_, start, end) = running.phases[-1]
+        running_longest = max(timelines[t].longest_pause(start, end) for t in range(before))
+        first_batches = [
+            min(t for t in timelines[task].commits if t > grown_at) - grown_at
+            for task in range(before, before + 2)
+        ]
+        running.say(
+            f"running tasks' longest pause {running_longest:.1f} s; the new tasks' first batch "
+            f"{max(first_batches):.1f} s after the partitions were added"
+        )
+        assert all(timelines[task].processed(start, end) > 0 for task in range(before, before + 2))

@@ -7,11 +7,19 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+from confluent_kafka import Producer
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewPartitions,
+)
 
 from devstack.kafka.front import KafkaFront
 from smoothscale.api.models import StreamingApp
 from smoothscale.operator.topics import TopicCheck, TopicManager
+from tests.runtime.kafka_helpers import read_committed
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "streamingapp.yaml"
 
@@ -110,15 +118,46 @@ def test_a_missing_output_topic_is_reported(kafka_front: KafkaFront) -> None:
     assert reasons(check) == [("OutputTopicMissing", app.spec.kafka.output_topic)]
 
 
-def test_an_existing_changelog_with_other_partitions_is_a_problem_not_fixed(
+def test_a_changelog_with_more_partitions_than_the_input_is_a_problem_not_fixed(
     kafka_front: KafkaFront,
 ) -> None:
     app, app_id = make_app(kafka_front, {"in": 4}, stores=1)
     changelog = f"{app_id}-store0-changelog"
-    kafka_front.kafka.create_topic(changelog, 2)
+    kafka_front.kafka.create_topic(changelog, 6)
     check = ensure(kafka_front, app)
     assert ("ChangelogPartitionsMismatch", changelog) in reasons(check)
-    assert partitions_and_policy(kafka_front, changelog)[0] == 2
+    assert partitions_and_policy(kafka_front, changelog)[0] == 6
+
+
+def test_input_partitions_added_grow_the_changelogs_keeping_every_record(
+    kafka_front: KafkaFront,
+) -> None:
+    app, app_id = make_app(kafka_front, {"in": 3}, stores=2)
+    assert ensure(kafka_front, app).ok
+    changelog = f"{app_id}-store0-changelog"
+    producer = Producer({"bootstrap.servers": kafka_front.bootstrap_servers})
+    for partition in range(3):
+        producer.produce(
+            changelog, key=b"k", value=f"state of task {partition}", partition=partition
+        )
+    producer.flush(10)
+    admin = AdminClient({"bootstrap.servers": kafka_front.bootstrap_servers})
+    (grown,) = admin.create_partitions([NewPartitions(app.spec.kafka.input_topics[0], 5)]).values()
+    grown.result(10)
+
+    check = ensure(kafka_front, app)
+
+    assert check.ok, check.problems
+    assert check.partitions == 5
+    assert sorted(check.grown) == [changelog, f"{app_id}-store1-changelog"]
+    assert partitions_and_policy(kafka_front, changelog) == (5, "compact")
+    records = read_committed(kafka_front.bootstrap_servers, changelog, 5)
+    assert sorted((m.partition(), m.value()) for m in records) == [
+        (0, b"state of task 0"),
+        (1, b"state of task 1"),
+        (2, b"state of task 2"),
+    ]
+    assert ensure(kafka_front, app).grown == ()
 
 
 def test_an_existing_changelog_that_is_not_compacted_is_a_problem(

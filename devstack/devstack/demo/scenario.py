@@ -39,7 +39,7 @@ from typing import Any, TextIO
 import yaml
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
+from confluent_kafka.cimpl import NewPartitions, NewTopic
 
 from devstack.apiserver.faults import PATH as API_FAULTS_PATH
 from devstack.demo.outputs import OutputCheck, check_outputs
@@ -116,17 +116,25 @@ class DemoError(RuntimeError):
 
 
 class InputFeed:
-    """Steady input: `rate` records per second, cycling over `keys` users."""
+    """Steady input: `rate` records per second, cycling over `keys` users, user i to input
+    partition i mod `partitions`. Each user's records stay in one partition, as a keyed
+    producer's do; after `grow`, the users added go to the partitions added, the others stay
+    where they were (a key moved to another partition would move its state to another task)."""
 
-    def __init__(self, bootstrap_servers: str, keys: int, rate: int) -> None:
-        self._producer = Producer(
-            {"bootstrap.servers": bootstrap_servers, "linger.ms": 20, **QUIET}
-        )
+    def __init__(self, bootstrap_servers: str, keys: int, rate: int, partitions: int) -> None:
+        self._bootstrap_servers = bootstrap_servers
+        self._producer = self._new_producer()
         self._keys = keys
+        self._spreads = [_Spread(0, keys, 0, partitions)]
+        self._grown: list[_Spread] = []
         self._rate = rate
         self._sent = 0
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="input-feed", daemon=True)
+
+    def _new_producer(self) -> Producer:
+        return Producer({"bootstrap.servers": self._bootstrap_servers, "linger.ms": 20, **QUIET})
 
     def backlog(self, records: int) -> None:
         for _ in range(records):
@@ -135,6 +143,17 @@ class InputFeed:
 
     def start(self) -> None:
         self._thread.start()
+
+    def grow(self, partitions: int, keys: int) -> None:
+        """The input topic has `partitions` now: `keys` new users go to the partitions added
+        (from the next record on)."""
+        with self._lock:
+            last = (self._grown or self._spreads)[-1]
+            first_partition = last.first_partition + last.partitions
+            first_user = last.first_user + last.users
+            self._grown.append(
+                _Spread(first_user, keys, first_partition, partitions - first_partition)
+            )
 
     def stop(self) -> int:
         """Stop producing; how many records were sent in all."""
@@ -145,10 +164,24 @@ class InputFeed:
         return self._sent
 
     def _send(self) -> None:
-        user = f"user-{self._sent % self._keys}"
+        with self._lock:
+            if self._grown:
+                # A producer that knows the topic keeps its partition count for minutes
+                # (topic.metadata.refresh.interval.ms): a new one sees the partitions added.
+                self._producer.flush(60)
+                self._producer = self._new_producer()
+                self._spreads += self._grown
+                self._keys = sum(spread.users for spread in self._spreads)
+                self._grown = []
+        index = self._sent % self._keys
+        spread = next(s for s in self._spreads if index < s.first_user + s.users)
+        user = f"user-{index}"
+        partition = spread.first_partition + (index - spread.first_user) % spread.partitions
         while True:
             try:
-                self._producer.produce(INPUT_TOPIC, key=user, value=json.dumps({"user": user}))
+                self._producer.produce(
+                    INPUT_TOPIC, key=user, value=json.dumps({"user": user}), partition=partition
+                )
                 break
             except BufferError:
                 self._producer.poll(0.05)
@@ -163,20 +196,34 @@ class InputFeed:
             self._producer.poll(0)
 
 
+@dataclass(frozen=True)
+class _Spread:
+    """Users [first_user, first_user + users) go round-robin to the partitions
+    [first_partition, first_partition + partitions)."""
+
+    first_user: int
+    users: int
+    first_partition: int
+    partitions: int
+
+
 def read_inputs_and_outputs(
     bootstrap_servers: str,
     tasks: int,
     input_topic: str = INPUT_TOPIC,
     output_topic: str = OUTPUT_TOPIC,
+    output_partitions: int | None = None,
 ) -> tuple[dict[str, int], dict[str, list[int]]]:
     """(reference counts from the running count's input, every total it emitted per user, in
-    order), both read to the end."""
+    order), both read to the end. The output topic has `output_partitions` (default: as many
+    as the input, `tasks`)."""
     reference: dict[str, int] = {}
     for _key, value in _read_all(bootstrap_servers, input_topic, tasks):
         user = json.loads(value)["user"]
         reference[user] = reference.get(user, 0) + 1
     emitted: dict[str, list[int]] = {}
-    for key, value in _read_all(bootstrap_servers, output_topic, tasks):
+    outputs = tasks if output_partitions is None else output_partitions
+    for key, value in _read_all(bootstrap_servers, output_topic, outputs):
         emitted.setdefault(key.decode(), []).append(json.loads(value))
     return reference, emitted
 
@@ -466,6 +513,8 @@ class Watcher:
         self.options = options
         self.say = say
         self.inputs = InputPositionCommitter(bootstrap_servers, APP_ID, QUIET)
+        self.tasks = options.tasks
+        """The input's partitions (the app's tasks): raised by `Session.grow_input`."""
         self._bootstrap_servers = bootstrap_servers
         self._ends = self._ends_reader()
         self._seen_events: set[str] = set()
@@ -506,6 +555,13 @@ class Watcher:
     def _ends_reader(self) -> Consumer:
         return Consumer({"bootstrap.servers": self._bootstrap_servers, "group.id": APP_ID, **QUIET})
 
+    def grown(self, partitions: int) -> None:
+        """The input has `partitions` now: read their positions too (with a new reader: the
+        one that knows the topic keeps its old partition count for minutes)."""
+        self.tasks = partitions
+        self._ends.close()
+        self._ends = self._ends_reader()
+
     def input_lag(self) -> int | None:
         """The records of the input not yet committed by the app; None while the brokers cannot
         say. A reader that met a broker down may keep metadata without the partition after the
@@ -522,7 +578,7 @@ class Watcher:
     def _input_positions(self) -> tuple[dict[int, int], dict[int, int]]:
         committed: dict[int, int] = {}
         ends: dict[int, int] = {}
-        for partition in range(self.options.tasks):
+        for partition in range(self.tasks):
             position = self.inputs.committed([INPUT_TOPIC], partition).get(INPUT_TOPIC)
             if position is not None:
                 committed[partition] = position
@@ -642,6 +698,16 @@ class Session:
             f"the operator seeing replicas {replicas}",
         )
 
+    def grow_input(self, partitions: int, keys: int) -> None:
+        """Add partitions to the input topic, as a person does with their Kafka tools
+        (CreatePartitions), and send `keys` new users to them from now on."""
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, **QUIET})
+        for future in admin.create_partitions([NewPartitions(INPUT_TOPIC, partitions)]).values():
+            future.result(30)
+        self.feed.grow(partitions, keys)
+        self.watcher.grown(partitions)
+        self.say(f"input topic {INPUT_TOPIC} grown to {partitions} partitions; {keys} new users")
+
     def install_operator(self, name: str, priority: int | None = None) -> Operator:
         """Another release of the operator's chart (see Operator)."""
         chart = self.options.examples_root / "charts" / "smoothscale"
@@ -683,14 +749,16 @@ class Session:
         sent = self.feed.stop()
         self.say(f"input stopped after {sent:,} records; waiting for the last ones to be processed")
         self.watcher.run_until(lambda: self.watcher.input_lag() == 0, "processing the last records")
-        reference, emitted = read_inputs_and_outputs(self.bootstrap, self.options.tasks)
+        reference, emitted = read_inputs_and_outputs(
+            self.bootstrap, self.watcher.tasks, output_partitions=self.options.tasks
+        )
         outputs = check_outputs(reference, emitted)
         self.outputs = outputs
         self.lost, self.doubled = outputs.lost, outputs.doubled
         self.say(f"every output record checked: {outputs.summary()}")
         for example in outputs.examples:
             self.say(f"  for instance {example}")
-        timelines = read_timelines(self.bootstrap, CHANGELOG_TOPIC, self.options.tasks, QUIET)
+        timelines = read_timelines(self.bootstrap, CHANGELOG_TOPIC, self.watcher.tasks, QUIET)
         self.timelines = timelines
         path = self.options.workdir / "timeline.json"
         write_timelines(path, timelines)
@@ -746,7 +814,7 @@ def session(options: DemoOptions, out: TextIO) -> Iterator[Session]:
         for future in admin.create_topics(topics).values():
             future.result(30)
         say(f"Kafka at {bootstrap}: created the input and output topics ({options.tasks} tasks)")
-        feed = InputFeed(bootstrap, options.keys, options.rate)
+        feed = InputFeed(bootstrap, options.keys, options.rate, options.tasks)
         feed.backlog(options.backlog)
         say(f"produced a backlog of {options.backlog:,} records over {options.keys:,} users")
         kubectl = Kubectl(kubectl_path, cluster.kubeconfig, say)

@@ -248,6 +248,13 @@ class AppController:
             return self._degraded(app, generation, now, [_kafka_problem(error)])
         for topic in check.created:
             self.events("Normal", "TopicCreated", f"created Kafka topic {topic}")
+        for topic in check.grown:
+            self.events(
+                "Normal",
+                "ChangelogGrown",
+                f"the input topics have {check.partitions} partitions now: grew changelog topic "
+                f"{topic} to match (the new partitions are new tasks, given owners next)",
+            )
         problems: list[Problem] = []
         tasks = check.partitions
         if not check.ok:

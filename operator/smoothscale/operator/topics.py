@@ -2,13 +2,17 @@
 
 The operator owns each state store's changelog, the assignments topic and the dead-letter topic:
 it creates the missing ones. The input and output topics are the user's: it only checks them.
-A topic that exists but is wrong (a changelog with another partition count than the input, or
-whose retention would delete state) is reported, never "fixed": repartitioning or reconfiguring
-a changelog can lose state, so a person decides.
+
+Input partitions added while the app runs are new tasks: a changelog with fewer partitions than
+the input is grown to match (CreatePartitions), which moves no record, so every existing task
+keeps its state in its partition and each new task starts from an empty one. A topic that is
+wrong in a way that could lose state is reported, never "fixed", so a person decides: a
+changelog with more partitions than the input (an input cannot shrink: it is another input's
+changelog, or the input was re-created), or a changelog whose retention would delete state.
 
 Every check is batched (one Metadata request for all topics, one CreateTopics for every missing
-topic, one DescribeConfigs for every existing changelog) so an app with many stores costs the
-cluster three requests per reconciliation.
+topic, one CreatePartitions for every changelog to grow, one DescribeConfigs for every existing
+changelog) so an app with many stores costs the cluster three requests per reconciliation.
 """
 
 from collections.abc import Mapping
@@ -17,7 +21,7 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
-from confluent_kafka.cimpl import NewTopic
+from confluent_kafka.cimpl import NewPartitions, NewTopic
 
 from smoothscale.api.models import StreamingApp, application_id
 from smoothscale.kafka import names
@@ -32,7 +36,8 @@ class TopicProblem:
 
     reason: str
     """CamelCase: InputTopicMissing, InputTopicsNotCoPartitioned, OutputTopicMissing,
-    ChangelogPartitionsMismatch, ChangelogRetention, KafkaUnavailable, TopicCreationFailed."""
+    ChangelogPartitionsMismatch, ChangelogRetention, KafkaUnavailable, TopicCreationFailed,
+    ChangelogGrowthFailed."""
     topic: str | None
     message: str
     """What is wrong and what to do, naming the topic."""
@@ -45,6 +50,8 @@ class TopicCheck:
     missing)."""
     created: tuple[str, ...]
     """The topics this check created."""
+    grown: tuple[str, ...]
+    """The changelogs this check grew to the input's partition count."""
     problems: tuple[TopicProblem, ...]
 
     @property
@@ -76,7 +83,7 @@ class TopicManager:
         try:
             metadata = admin.list_topics(timeout=self._timeout)
         except KafkaException as error:
-            return TopicCheck(None, (), (self._unreachable(error),))
+            return TopicCheck(None, (), (), (self._unreachable(error),))
         counts = {name: len(topic.partitions) for name, topic in metadata.topics.items()}
         kafka = app.spec.kafka
         app_id = application_id(app)
@@ -96,6 +103,7 @@ class TopicManager:
             for store in kafka.state_stores
         ]
         missing: list[NewTopic] = []
+        to_grow: list[NewPartitions] = []
         existing_changelogs = []
         for changelog in changelogs:
             if changelog not in counts:
@@ -107,15 +115,20 @@ class TopicManager:
                     )
                 continue
             existing_changelogs.append(changelog)
-            if partitions is not None and counts[changelog] != partitions:
+            if partitions is None:
+                continue
+            if counts[changelog] < partitions:
+                to_grow.append(NewPartitions(changelog, partitions))
+            elif counts[changelog] > partitions:
                 problems.append(
                     TopicProblem(
                         "ChangelogPartitionsMismatch",
                         changelog,
                         f"changelog topic {changelog!r} has {counts[changelog]} partitions but "
-                        f"the input topics have {partitions}: task i restores from partition i, "
-                        "so recreate the changelog with the input's partition count (its state "
-                        "is lost) or point the store at another changelogTopic",
+                        f"the input topics have {partitions}: task i restores from partition i "
+                        "and an input never loses partitions, so this changelog is not this "
+                        "input's; point the store at another changelogTopic, or delete the "
+                        "changelog (its state is lost) for the operator to create it again",
                     )
                 )
         assignments = names.assignments_topic(app_id)
@@ -125,8 +138,9 @@ class TopicManager:
         if dead_letters not in counts and partitions is not None:
             missing.append(NewTopic(dead_letters, partitions, _BROKER_DEFAULT_REPLICATION))
         created = self._create(missing, problems)
+        grown = self._grow(to_grow, problems)
         problems.extend(self._retention_problems(existing_changelogs))
-        return TopicCheck(partitions, tuple(created), tuple(problems))
+        return TopicCheck(partitions, tuple(created), tuple(grown), tuple(problems))
 
     def _input_partitions(
         self, inputs: list[str], counts: Mapping[str, int], problems: list[TopicProblem]
@@ -186,6 +200,41 @@ class TopicManager:
                 continue
             created.append(name)
         return created
+
+    def _grow(self, to_grow: list[NewPartitions], problems: list[TopicProblem]) -> list[str]:
+        """Add partitions to each changelog in `to_grow`; the names grown."""
+        if not to_grow:
+            return []
+        try:
+            futures = self._client().create_partitions(to_grow, request_timeout=self._timeout)
+        except KafkaException as refusal:
+            problems.append(self._unreachable(refusal))
+            return []
+        wanted = {growth.topic: growth.new_total_count for growth in to_grow}
+        grown = []
+        for name, future in futures.items():
+            try:
+                future.result(self._timeout)
+            except KafkaException as exception:
+                error: KafkaError = exception.args[0]
+                if error.code() == KafkaError.INVALID_PARTITIONS:
+                    continue  # another reconciliation grew it since the Metadata request
+                problems.append(
+                    TopicProblem(
+                        "ChangelogGrowthFailed",
+                        name,
+                        f"the input topics have {wanted[name]} partitions but changelog topic "
+                        f"{name!r} cannot be grown to match: {error.str()}; the new tasks have "
+                        "no owner until it is: add the partitions with your Kafka tools, or "
+                        "give the operator's Kafka principal the right to alter topics",
+                    )
+                )
+                continue
+            except TimeoutError:
+                problems.append(self._unreachable(f"growing topic {name!r} timed out"))
+                continue
+            grown.append(name)
+        return grown
 
     def _retention_problems(self, changelogs: list[str]) -> list[TopicProblem]:
         if not changelogs:
