@@ -12,6 +12,7 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from devstack.kafka.embedded import EmbeddedKafka
+from devstack.kafka.front import KafkaFront
 from smoothscale.runtime.spark import local_session
 
 
@@ -28,7 +29,7 @@ def unique(prefix: str) -> str:
 
 
 def produce(
-    kafka: EmbeddedKafka,
+    kafka: EmbeddedKafka | KafkaFront,
     topic: str,
     records: list[tuple[int, bytes | None, bytes | None]],
 ) -> None:
@@ -52,7 +53,7 @@ class CollectingStream:
     def __init__(
         self,
         spark: SparkSession,
-        kafka: EmbeddedKafka,
+        kafka: EmbeddedKafka | KafkaFront,
         topics: list[str],
         plan_path: Path,
         checkpoint: Path,

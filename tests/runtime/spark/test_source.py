@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from pyspark.sql import SparkSession
 
 from devstack.kafka.embedded import EmbeddedKafka
+from devstack.kafka.front import KafkaFront
 from smoothscale.runtime.source import write_plan
 
 from .conftest import CollectingStream, offsets, positions, produce, unique
@@ -173,6 +175,38 @@ def test_a_range_ending_in_transaction_markers_is_read_without_waiting(
         f'{{"{topic}:0": {{"next": 18, "start": 0, "activation": 0}}}}'
     )
     assert elapsed < 25, f"the batch waited {elapsed:.1f} s for a marker that is never delivered"
+
+
+def test_a_partition_added_to_the_topic_while_the_query_runs_is_read_once_planned(
+    spark: SparkSession, kafka_front: KafkaFront, tmp_path: Path
+) -> None:
+    """Input partitions added while the app runs (a new task): the query's long-lived clients
+    knew fewer partitions, and read the new one from its first record once it is planned."""
+    name = unique("input")
+    admin = AdminClient({"bootstrap.servers": kafka_front.bootstrap_servers})
+    admin.create_topics([NewTopic(name, 2)])[name].result(10)
+    produce(kafka_front, name, [(p, b"k", f"p{p}".encode()) for p in range(2)])
+    write_plan(tmp_path / "plan.json", {(name, 0): 0, (name, 1): 0}, version=1)
+    stream = CollectingStream(
+        spark, kafka_front, [name], tmp_path / "plan.json", tmp_path / "checkpoint"
+    )
+    try:
+        assert positions(stream.drain_rows()) == {(0, 0), (1, 0)}
+        query_run = stream.query.runId
+        admin.create_partitions([NewPartitions(name, 3)])[name].result(10)
+        produce(kafka_front, name, [(2, b"k", f"new-{i}".encode()) for i in range(3)])
+
+        write_plan(tmp_path / "plan.json", {(name, p): 0 for p in range(3)}, version=2)
+        rows = stream.drain_rows()
+    finally:
+        stream.stop()
+    assert positions(rows) == offsets(2, 0, 3)
+    assert [row["value"] for row in sorted(rows, key=lambda row: row["offset"])] == [
+        b"new-0",
+        b"new-1",
+        b"new-2",
+    ]
+    assert stream.query.runId == query_run
 
 
 def test_a_planned_partition_that_does_not_exist_fails_the_query_with_a_clear_error(
