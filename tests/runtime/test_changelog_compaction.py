@@ -4,7 +4,6 @@ unfenced zombies, half-written batches, deletes and verified tombstones."""
 
 import os
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 from hypothesis import given, settings
@@ -120,7 +119,7 @@ def test_the_old_format_with_fixed_keys_loses_state_under_compaction() -> None:
         offset, changelog_record = record
         key = changelog_record.key
         key = key[: key.rindex(b"@") + 1] if key.startswith(b"d:") else key[:2]
-        return offset, replace(changelog_record, key=key)
+        return offset, changelog_record._replace(key=key)
 
     log: list[Positioned] = list(
         enumerate(

@@ -24,9 +24,9 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
-from smoothscale.runtime.store import StateChanges
+from smoothscale.runtime.store import Entry, StateChanges
 from smoothscale.runtime.writer import Writer
 
 KIND_HEADER = "smoothscale.kind"
@@ -55,8 +55,10 @@ class ChangelogFormatError(ValueError):
     """A changelog record smoothscale cannot read."""
 
 
-@dataclass(frozen=True)
-class ChangelogRecord:
+class ChangelogRecord(NamedTuple):
+    """One changelog record. A named tuple, not a dataclass: a restore makes one per record
+    it reads, and a frozen dataclass's construction costs several times more."""
+
     kind: RecordKind
     writer: Writer
     key: bytes
@@ -135,40 +137,46 @@ MessageHeaders = list[tuple[str, str | bytes | None]] | dict[str, str | bytes | 
 def parse_record(
     key: bytes | None, value: bytes | None, headers: MessageHeaders
 ) -> ChangelogRecord:
-    """The record a changelog message holds (headers as confluent-kafka gives them)."""
-    pairs = headers.items() if isinstance(headers, dict) else headers or []
-    fields = {
-        name: raw.encode() if isinstance(raw, str) else raw
-        for name, raw in pairs
-        if raw is not None
-    }
-    if WRITER_HEADER not in fields or KIND_HEADER not in fields:
+    """The record a changelog message holds (headers as confluent-kafka gives them: a list of
+    (name, bytes) pairs; a dict, or text values, are read too)."""
+    fields = dict(headers) if headers else {}
+    writer_header, kind_header = fields.get(WRITER_HEADER), fields.get(KIND_HEADER)
+    if writer_header is None or kind_header is None:
         raise ChangelogFormatError(
             f"a record without the {WRITER_HEADER} and {KIND_HEADER} headers: the changelog "
             "must be written by smoothscale only (is another app using the same topic?)"
         )
     try:
-        writer = _writer(fields[WRITER_HEADER])
-        kind = _KINDS[fields[KIND_HEADER]]
-        batch = int(fields[BATCH_HEADER]) if kind in _BATCHED else None
-    except (ValueError, KeyError) as error:
+        writer = _writer(writer_header)
+        kind = _KINDS[kind_header]
+        batch = int(fields[BATCH_HEADER] or b"") if kind in _BATCHED else None
+    except (ValueError, KeyError, TypeError) as error:
         raise ChangelogFormatError(f"bad smoothscale headers {fields!r}: {error!r}") from error
     if key is None:
         raise ChangelogFormatError("a changelog record without a key")
     if (value is None) != (kind is RecordKind.TOMBSTONE):
         raise ChangelogFormatError(f"a {kind} record {key!r} with value {value!r}")
-    return ChangelogRecord(kind, writer, key, value, batch, fields.get(SUPERSEDES_HEADER))
+    supersedes = fields.get(SUPERSEDES_HEADER)
+    if isinstance(supersedes, str):
+        supersedes = supersedes.encode()
+    # tuple.__new__ directly: the named tuple's own __new__ is a Python function, and a
+    # restore parses every record (a fifth of this function's time).
+    return tuple.__new__(ChangelogRecord, (kind, writer, key, value, batch, supersedes))
 
 
-_KINDS = {kind.value.encode(): kind for kind in RecordKind}
+_KINDS: dict[str | bytes, RecordKind] = {
+    **{kind.value.encode(): kind for kind in RecordKind},
+    **{kind.value: kind for kind in RecordKind},
+}
 
 
 @functools.lru_cache(maxsize=1024)
-def _writer(header: bytes) -> Writer:
+def _writer(header: bytes | str) -> Writer:
     """The writer a header names. A changelog holds few writers (one per activation) and a
     restore reads each one's name on every record: parsed once each (restore profile: a
-    quarter of the time went to parsing headers)."""
-    return Writer.parse(header.decode())
+    quarter of the time went to parsing headers). The same object each time, so the fold
+    compares a record's writer with the highest one by identity first."""
+    return Writer.parse(header.decode() if isinstance(header, bytes) else header)
 
 
 Positioned = tuple[int, ChangelogRecord]
@@ -225,13 +233,19 @@ def fold(
     state = outcome.cursor
 
     def close(closing: ChangelogRecord | None) -> None:
-        for _offset, held in pending:
-            if held.kind is RecordKind.DATA and held.value is not None:
-                changes.put(store, held.state_key(), held.key, held.value)
-            else:
-                changes.delete(store, held.state_key(), held.key)
-            if held.supersedes is not None:
-                changes.supersede(store, held.supersedes)
+        if pending:
+            # The hot loop of a restore (one pass per record): StateChanges.put, delete and
+            # supersede, inlined.
+            entries = changes.entries.setdefault(store, {})
+            garbage = changes.garbage.setdefault(store, set())
+            collected = changes.collected.get(store)
+            for _offset, held in pending:
+                value = held.value if held.kind is RecordKind.DATA else None
+                entries[held.state_key()] = tuple.__new__(Entry, (held.key, value))
+                if held.supersedes is not None:
+                    if collected:
+                        collected.discard(held.supersedes)
+                    garbage.add(held.supersedes)
         if pending:
             state.closed = pending[0][1].batch or 0
         pending.clear()
@@ -247,12 +261,15 @@ def fold(
             changes.reclaim(store, record.key, state_key_of(record.key))
             pending[:] = [(o, held) for o, held in pending if held.key != record.key]
             continue
-        if state.writer is not None and record.writer < state.writer:
-            outcome.skipped += 1
-            continue
-        if state.writer is None or record.writer > state.writer:
-            pending.clear()
-            state.writer, state.closed = record.writer, -1
+        writer = record.writer
+        if writer is not state.writer:  # most records are W*'s own: compared by identity
+            if state.writer is not None and writer < state.writer:
+                outcome.skipped += 1
+                continue
+            if state.writer is None or writer > state.writer:
+                pending.clear()
+                state.closed = -1
+            state.writer = writer
         outcome.applied += 1
         batch = record.batch
         if batch is None or batch <= state.closed:

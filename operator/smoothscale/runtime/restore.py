@@ -178,16 +178,18 @@ class _Applier:
         counts: dict[TaskId, int] = {}
         for (topic, partition), run in runs.items():
             records: list[Positioned] = []
-            for message in run:
-                offset = message.offset() or 0
-                try:
-                    record = parse_record(message.key(), message.value(), message.headers())
-                except ChangelogFormatError as error:
-                    where = f"{topic}[{partition}] at offset {offset}"
-                    self.failures[partition] = foreign_record_error(partition, where, error)
-                    log.error("%s", self.failures[partition])
-                    break
-                records.append((offset, record))
+            try:
+                for message in run:
+                    records.append(
+                        (
+                            message.offset() or 0,
+                            parse_record(message.key(), message.value(), message.headers()),
+                        )
+                    )
+            except ChangelogFormatError as error:
+                where = f"{topic}[{partition}] at offset {run[len(records)].offset()}"
+                self.failures[partition] = foreign_record_error(partition, where, error)
+                log.error("%s", self.failures[partition])
             if partition in self.failures:
                 continue
             self._fold(consumer, states[partition], self._store_of[topic], records)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rocksdict import Options, Rdict, WriteBatch
 
@@ -35,9 +35,9 @@ _INPUT = "input/"
 _WRITTEN_AT = "written-at"
 
 
-@dataclass(frozen=True)
-class Entry:
-    """A state key's current changelog record: its key, and the value (None: deleted)."""
+class Entry(NamedTuple):
+    """A state key's current changelog record: its key, and the value (None: deleted). A
+    named tuple: a restore makes one per record it applies."""
 
     record_key: bytes
     value: bytes | None
@@ -74,7 +74,9 @@ class StateChanges:
         self.entries.setdefault(store, {})[key] = Entry(record_key, None)
 
     def supersede(self, store: str, record_key: bytes) -> None:
-        self.collected.get(store, set()).discard(record_key)
+        collected = self.collected.get(store)
+        if collected:
+            collected.discard(record_key)
         self.garbage.setdefault(store, set()).add(record_key)
 
     def reclaim(self, store: str, record_key: bytes, state_key: bytes | None) -> None:
