@@ -80,12 +80,16 @@ class DemoOptions:
     each changelog partition grows (about min(rate, keys) / tasks records a second): the
     embedded broker keeps only the last 5 MB of a partition (about 30,000 changelog records),
     so the defaults keep every changelog under that for the whole demo."""
+    steady_keys: int | None = None
+    """Users the steady input cycles over after the backlog (None: all `keys`): the backlog
+    builds the state, and few steady users keep the changelog from growing fast when each
+    state is large (one changelog record per user changed per batch)."""
     trigger_interval: float = 1.0
     poll_interval: float = 1.0
     """The operator's lag poll interval (spec.scaling.lagPollInterval), and how often the demo
     prints and measures."""
     strategy: str = "WarmUp"
-    """spec.scaling.strategy: WarmUp, or StopTheWorld for the baseline."""
+    """spec.scaling.strategy: WarmUp (smoothscale), or a baseline: Cooperative, Restart."""
     acceptable_recovery_lag: int = 10_000
     max_warmup_replicas: int = 2
     drain_timeout: float = 300.0
@@ -116,15 +120,24 @@ class DemoError(RuntimeError):
 
 
 class InputFeed:
-    """Steady input: `rate` records per second, cycling over `keys` users, user i to input
-    partition i mod `partitions`. Each user's records stay in one partition, as a keyed
-    producer's do; after `grow`, the users added go to the partitions added, the others stay
-    where they were (a key moved to another partition would move its state to another task)."""
+    """Steady input: `rate` records per second, cycling over `keys` users (the backlog) or the
+    first `steady_keys` of them (from `start` on), user i to input partition i mod
+    `partitions`. Each user's records stay in one partition, as a keyed producer's do; after
+    `grow`, the users added go to the partitions added, the others stay where they were (a key
+    moved to another partition would move its state to another task), and every user cycles."""
 
-    def __init__(self, bootstrap_servers: str, keys: int, rate: int, partitions: int) -> None:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        keys: int,
+        rate: int,
+        partitions: int,
+        steady_keys: int | None = None,
+    ) -> None:
         self._bootstrap_servers = bootstrap_servers
         self._producer = self._new_producer()
         self._keys = keys
+        self._steady_keys = keys if steady_keys is None else steady_keys
         self._spreads = [_Spread(0, keys, 0, partitions)]
         self._grown: list[_Spread] = []
         self._rate = rate
@@ -142,6 +155,8 @@ class InputFeed:
         self._producer.flush(60)
 
     def start(self) -> None:
+        with self._lock:
+            self._keys = self._steady_keys
         self._thread.start()
 
     def grow(self, partitions: int, keys: int) -> None:
@@ -814,7 +829,7 @@ def session(options: DemoOptions, out: TextIO) -> Iterator[Session]:
         for future in admin.create_topics(topics).values():
             future.result(30)
         say(f"Kafka at {bootstrap}: created the input and output topics ({options.tasks} tasks)")
-        feed = InputFeed(bootstrap, options.keys, options.rate, options.tasks)
+        feed = InputFeed(bootstrap, options.keys, options.rate, options.tasks, options.steady_keys)
         feed.backlog(options.backlog)
         say(f"produced a backlog of {options.backlog:,} records over {options.keys:,} users")
         kubectl = Kubectl(kubectl_path, cluster.kubeconfig, say)
