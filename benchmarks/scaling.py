@@ -374,30 +374,30 @@ def projection(
     cells: dict[str, dict[str, Any]], constants: dict[str, Any], sizes: list[int], tasks: int
 ) -> dict[str, Any]:
     """Each strategy's longest pause at PROJECTED_MB of state per task, from the measured
-    constants: pause(S) = pause(smallest) + n * S / R, where R is the marginal restore rate
-    of one pod restoring all its tasks at the largest value size measured (MB/s; the fixed
-    cost of starting a restore is in the pause at the smallest size), and n the tasks one pod
-    restores before they process: Cooperative tasks / 2 (the tasks moved to or back from the
-    second pod), Restart all tasks (the one pod left after scale-in), WarmUp none (a task
-    moves once caught up: its pause stays one hand-over; its warm-up, and so the time until
-    balanced, grows by tasks / 2 * S / R instead)."""
+    constants: pause(S) = pause(smallest) + n * S / R, with n the tasks one pod restores
+    before they process: Cooperative tasks / 2 (the tasks moved to or back from the second
+    pod), Restart all tasks (the one pod left after scale-in), WarmUp none (a task moves once
+    caught up: its pause stays one hand-over; its warm-up, and so the time until balanced,
+    grows by tasks / 2 * S / R instead). R is the restore rate of one pod restoring all its
+    tasks at the largest value size measured, as a range: from the whole restore's rate (its
+    fixed start included: a rate too low for a large state) to the marginal rate (what the
+    local changelogs, restored in a fraction of a second, let through: too uncertain to stand
+    alone)."""
     largest = str(sizes[-1])
-    rate = constants["restore_by_padding"][largest]["marginal_mb_per_s"]
-    if rate <= 0:
-        return {
-            "formula": "not projected: no marginal restore rate at the largest size",
-            "restore_rate_mb_per_s": rate,
-            "padding_bytes_of_the_rate": sizes[-1],
-            "strategies": {},
-        }
+    measured = constants["restore_by_padding"][largest]
+    slow, fast = measured["all_tasks_mb_per_s"], measured["marginal_mb_per_s"]
+    fast = max(fast, slow)
     restoring = {"WarmUp": 0.0, "Cooperative": tasks / 2, "Restart": float(tasks)}
     projected: dict[str, Any] = {
-        "formula": "pause(S) = pause at the smallest size + n * S / R (R: the marginal "
-        "restore rate of one pod restoring all its tasks)",
-        "restore_rate_mb_per_s": rate,
+        "formula": "pause(S) = pause at the smallest size + n * S / R",
+        "restore_rate_mb_per_s": [slow, fast],
         "padding_bytes_of_the_rate": sizes[-1],
         "strategies": {},
     }
+
+    def seconds(base: float, n: float, megabytes: float) -> list[float]:
+        return [round(base + n * megabytes / rate, 1) for rate in (fast, slow)]
+
     for strategy, n in restoring.items():
         smallest = cells.get(f"{sizes[0]}/{strategy}")
         if smallest is None:
@@ -408,14 +408,13 @@ def projection(
         if largest_cell is not None:
             row["at_largest_measured"] = {
                 "state_mb": largest_cell["state_mb_per_task"],
-                "projected_s": round(base + n * largest_cell["state_mb_per_task"] / rate, 1),
+                "projected_s": seconds(base, n, largest_cell["state_mb_per_task"]),
                 "measured_s": largest_cell["max_pause_s_median"],
             }
         for megabytes in PROJECTED_MB:
-            row[f"{megabytes}_mb_s"] = round(base + n * megabytes / rate, 1)
-        if strategy == "WarmUp":
-            for megabytes in PROJECTED_MB:
-                row[f"{megabytes}_mb_warm_up_s"] = round(tasks / 2 * megabytes / rate, 1)
+            row[f"{megabytes}_mb_s"] = seconds(base, n, megabytes)
+            if strategy == "WarmUp":
+                row[f"{megabytes}_mb_warm_up_s"] = seconds(0.0, tasks / 2, megabytes)
         projected["strategies"][strategy] = row
     return projected
 
@@ -494,9 +493,10 @@ def markdown(results: dict[str, Any]) -> str:
     ]
     projected = sweep["projection"]
     lines += [
-        f"**Projection** (not measured): {projected['formula']}, with R = "
-        f"{projected['restore_rate_mb_per_s']} MB/s (one pod restoring all its tasks, "
-        f"{projected['padding_bytes_of_the_rate']:,} B padding per state).",
+        f"**Projection** (not measured): {projected['formula']}, with R from "
+        f"{projected['restore_rate_mb_per_s'][0]} to {projected['restore_rate_mb_per_s'][1]} "
+        "MB/s (one pod restoring all its tasks: the whole restore's rate to the marginal "
+        f"rate, {projected['padding_bytes_of_the_rate']:,} B padding per state).",
         "",
         "| strategy | n | pause at the smallest size | largest size measured: projected / "
         "measured | 1 GB per task | 10 GB per task |",
@@ -505,14 +505,14 @@ def markdown(results: dict[str, Any]) -> str:
     for strategy, row in projected["strategies"].items():
         check = row.get("at_largest_measured")
         checked = (
-            f"{check['projected_s']} s / {check['measured_s']} s ({check['state_mb']} MB)"
+            f"{_span(check['projected_s'])} / {check['measured_s']} s ({check['state_mb']} MB)"
             if check
             else "-"
         )
-        at_1gb, at_10gb = f"{row['1000_mb_s']} s", f"{row['10000_mb_s']} s"
+        at_1gb, at_10gb = _span(row["1000_mb_s"]), _span(row["10000_mb_s"])
         if strategy == "WarmUp":
-            at_1gb += f" (warm-up {row['1000_mb_warm_up_s']} s)"
-            at_10gb += f" (warm-up {row['10000_mb_warm_up_s']} s)"
+            at_1gb += f" (warm-up {_span(row['1000_mb_warm_up_s'])})"
+            at_10gb += f" (warm-up {_span(row['10000_mb_warm_up_s'])})"
         lines.append(
             f"| {strategy} | {row['n']:g} | {row['base_s']} s | {checked} | {at_1gb} | {at_10gb} |"
         )
@@ -523,6 +523,11 @@ def markdown(results: dict[str, Any]) -> str:
         + f"; {platform.machine()}, {os.cpu_count()} cores.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _span(seconds: list[float]) -> str:
+    low, high = seconds
+    return f"{low} s" if low == high else f"{low}-{high} s"
 
 
 def _largest_at_end(runs: list[dict[str, Any]], padding: int) -> float:
@@ -560,13 +565,15 @@ def plot_pauses(results: dict[str, Any], path: Path) -> None:
         )
         row = sweep["projection"]["strategies"].get(strategy)
         if row is not None:
-            rate = sweep["projection"]["restore_rate_mb_per_s"]
-            span = [max(sizes[0], 0.01), *PROJECTED_MB]
-            projected.plot(
+            slow, fast = sweep["projection"]["restore_rate_mb_per_s"]
+            first = max(sizes[0], 0.01)
+            span = [first * (PROJECTED_MB[-1] / first) ** (i / 50) for i in range(51)]
+            projected.fill_between(
                 span,
-                [row["base_s"] + row["n"] * s / rate for s in span],
-                linestyle="--",
+                [row["base_s"] + row["n"] * s / fast for s in span],
+                [row["base_s"] + row["n"] * s / slow for s in span],
                 color=line.get_color(),
+                alpha=0.3,
                 label=f"{strategy} (projection)",
             )
             projected.plot(
@@ -643,6 +650,12 @@ def main() -> int:
         help="pods without Spark: checks the benchmark, measures no Spark pause",
     )
     parser.add_argument(
+        "--merge",
+        type=Path,
+        help="a scaling.json of earlier runs (a sweep run in parts, or more runs of a cell): "
+        "its runs join this one's in the results",
+    )
+    parser.add_argument(
         "--smoke",
         action="store_true",
         help="the CI smoke run: " + ", ".join(f"{k} {v}" for k, v in SMOKE.items()),
@@ -658,7 +671,6 @@ def main() -> int:
         "steady users": args.tasks,
         "steady records/s": args.rate,
         "hold": f"{args.hold:g} s",
-        "runs per strategy and size": args.repeat,
         "pods": "protocol worker (no Spark)" if args.protocol_worker else "Spark",
         "trigger interval": "1 s",
         "lag poll": "1 s",
@@ -701,18 +713,19 @@ def main() -> int:
                 )
     summaries = [run.summary() for run in runs]
     settings["duration"] = f"{(time.monotonic() - began) / 60:.0f} min"
-    results = {
-        "settings": settings,
-        "runs": summaries,
-        "sweep": aggregate(summaries, args.tasks),
-    }
+    if args.merge is not None:
+        earlier = json.loads(args.merge.read_text())
+        summaries = earlier["runs"] + summaries
+        settings["duration"] += f", after {earlier['settings']['duration']} in an earlier part"
+    sweep = aggregate(summaries, args.tasks)
+    results = {"settings": settings, "runs": summaries, "sweep": sweep}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "scaling.json").write_text(json.dumps(results, indent=2) + "\n")
     table = markdown(results)
     (args.out / "scaling-table.md").write_text(table)
     plot_pauses(results, args.out / "scaling.png")
     largest = {run.strategy: run for run in reversed(runs) if run.padding == args.sizes[-1]}
-    if len(largest) > 1:
+    if len(largest) > 1 and args.sizes[-1] == sweep["sizes"][-1]:
         plot_throughput(list(reversed(largest.values())), args.out / "scaling-throughput.png")
     print(table)
     exact = all(

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from examples.pipelines import padded_count, running_count
 
 

@@ -37,7 +37,7 @@ def test_the_benchmark_runs_every_strategy_exactly_and_writes_its_results(
         assert run["tasks_with_two_owners_at_once"] == 0, run
         assert run["records_processed_during_scaling"] > 0, run
         assert run["changelog_log_start_at_end"] == 0, "the broker dropped a changelog's head"
-        assert run["changelog_mb_per_task_at_scale_out"] > 100 * 1024 / 1e6, "padded states"
+        assert run["changelog_mb_per_task_at_scale_out"] > 0.05, "100 users of 1 KB a task"
         assert run["restore"]["all_tasks_records_per_s"] > 0
         assert run["pod_start_to_ready_s"], "the pods' start to ready measured"
     sweep = results["sweep"]
