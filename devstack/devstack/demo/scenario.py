@@ -85,7 +85,7 @@ class DemoOptions:
     """The operator's lag poll interval (spec.scaling.lagPollInterval), and how often the demo
     prints and measures."""
     strategy: str = "WarmUp"
-    """spec.scaling.strategy: WarmUp, or StopTheWorld for the baseline."""
+    """spec.scaling.strategy: WarmUp (smoothscale), or a baseline: Cooperative, Restart."""
     acceptable_recovery_lag: int = 10_000
     max_warmup_replicas: int = 2
     drain_timeout: float = 300.0
