@@ -63,17 +63,18 @@ def plain(value: Any) -> Any:
     """A numpy or pandas scalar as the plain Python value (pandas' missing values as None)."""
     if value is None or isinstance(value, (str, bool, int, float, bytes)):
         return value
+    if type(value).__name__ in {"NAType", "NaTType"}:
+        return None
+    if type(value).__name__ == "datetime64":  # its item() can be an int of nanoseconds
+        import pandas as pd
+
+        return pd.Timestamp(value).to_pydatetime()
     item = getattr(value, "item", None)
     if callable(item) and type(value).__module__ == "numpy":
         return item()
     to_datetime = getattr(value, "to_pydatetime", None)
     if callable(to_datetime):
-        try:
-            return to_datetime()
-        except ValueError:
-            return None  # NaT
-    if type(value).__name__ in {"NAType", "NaTType"}:
-        return None
+        return to_datetime()
     return value
 
 
