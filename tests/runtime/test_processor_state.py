@@ -229,3 +229,17 @@ def test_delete_if_exists_purges_a_variable_for_every_grouping_key(tmp_path: Pat
     assert [key for key in upgraded.contents() if key.startswith('m"counts"')]
     task.close()
     upgraded.close()
+
+
+def test_pandas_and_numpy_scalars_are_kept_as_plain_values() -> None:
+    import numpy as np
+
+    from smoothscale.runtime.processor.codec import plain, row_from_json, row_to_json
+
+    schema = StructType([StructField("n", LongType()), StructField("at", TimestampType())])
+    value = (np.int64(3), np.datetime64("2026-01-02T03:04:05.5", "ns"))
+    assert row_from_json(schema, row_to_json(schema, value)) == (
+        3,
+        datetime.datetime(2026, 1, 2, 3, 4, 5, 500000),
+    )
+    assert (plain(pd.NaT), plain(pd.NA)) == (None, None)
