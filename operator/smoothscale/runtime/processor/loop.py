@@ -12,6 +12,7 @@ with its input position, or not at all.
 
 import copy
 import json
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -143,6 +144,50 @@ def run_batch(
         view.put(keyspace.CLOCKS, new_clocks.as_json())
     outcome.changes = view.changes()
     return outcome
+
+
+def due_without_input(prepared: PreparedProcessor, state: TaskState, now_ms: int) -> bool:
+    """Whether a batch of the task with no input would do something, so runs at a trigger as
+    Spark runs a batch without data: in ProcessingTime, a timer or a TTL deadline is due at
+    the batch's time; in EventTime, the watermark would move (the newest event time seen,
+    minus the delay, is above the watermark the last batch ran with). (Spark's
+    ProcessingTime runs one at every trigger; one where nothing is due changes only the
+    task's clock.)"""
+    view = BatchView(state, prepared.pipeline.store)
+    clocks = Clocks.from_json(view.get(keyspace.CLOCKS))
+    if prepared.time_mode is TimeMode.PROCESSING_TIME:
+        batch_time = max(now_ms, clocks.processing_time)
+        return any(
+            _first_time(view, prefix) <= batch_time
+            for prefix in (keyspace.TIMER_BY_TIME, keyspace.DEADLINE)
+        )
+    if prepared.time_mode is TimeMode.EVENT_TIME and clocks.max_event_time is not None:
+        return clocks.max_event_time - prepared.watermark_delay_ms > clocks.watermark
+    return False
+
+
+def _first_time(view: BatchView, prefix: str) -> float:
+    """The earliest time of the timers (`t`) or deadlines (`x`) of a task; inf if none."""
+    for state_key, _ in view.scan(prefix):
+        return keyspace.split_timed(state_key)[0]
+    return math.inf
+
+
+def no_rows(prepared: PreparedProcessor) -> pd.DataFrame:
+    """The input of a task's batch without data: no rows, the value schema's columns."""
+    return pd.DataFrame({name: [] for name in prepared.value_schema.names})
+
+
+def rows_of_key(
+    prepared: PreparedProcessor, rows: pd.DataFrame, key: tuple[Any, ...]
+) -> pd.DataFrame:
+    """The rows of `rows` whose grouping key is `key` (as handleInputRows got it)."""
+    columns = list(prepared.pipeline.grouping_columns)
+    for group, part in rows.groupby(columns, sort=False, dropna=False):
+        as_tuple = group if isinstance(group, tuple) else (group,)
+        if tuple(plain(value) for value in as_tuple) == key:
+            return part
+    return rows.iloc[0:0]
 
 
 def _drop_late(

@@ -9,12 +9,14 @@ time, the event-time column and the watermark delay (df.withWatermark(column, de
 
 import copy
 import datetime
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 from pyspark.sql.types import DataType, StructType, TimestampType
 
+from smoothscale.runtime.decode import RESERVED_COLUMNS
 from smoothscale.runtime.pipeline import PipelineError
 from smoothscale.runtime.processor.codec import UnsupportedType, check_type
 from smoothscale.runtime.processor.state import (
@@ -85,13 +87,42 @@ class PreparedProcessor:
     def processor(self) -> StatefulProcessor:
         return self.pipeline.processor
 
+    @property
+    def store(self) -> str:
+        return self.pipeline.store
+
+    @property
+    def json_input(self) -> "ProcessorInput":
+        """What the runtime decodes the input records with (decode.JsonInput)."""
+        ddl = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in self.value_schema)
+        return ProcessorInput(self.store, ddl, self.pipeline.grouping_columns[0])
+
+
+@dataclass(frozen=True)
+class ProcessorInput:
+    """A processor pipeline's input as decoding sees it: the value schema as DDL, and a
+    grouping column (a field of the value, never the record key)."""
+
+    store: str
+    value_schema: str
+    key_column: str
+
 
 class ProcessorRefused(PipelineError):
     """A processor pipeline smoothscale cannot run; the message says which part and why."""
 
 
+@functools.cache
 def spark_schema(ddl: str) -> DataType:
-    """Parse DDL with the active Spark session (the instance's driver has one)."""
+    """Parse DDL with Spark (once per text: init() runs at every batch), which needs a
+    session: the worker loads its pipeline before it starts its query, so a processor that
+    declares a schema as DDL starts the instance's session here (the query then runs in it)."""
+    from pyspark.sql import SparkSession
+
+    from smoothscale.runtime.spark import local_session
+
+    if SparkSession.getActiveSession() is None:
+        local_session("smoothscale-worker")
     return DataType.fromDDL(ddl)
 
 
@@ -129,6 +160,12 @@ def prepare(
         raise ProcessorRefused(
             f"grouping key {pipeline.grouping_key!r}: name one or more fields of the value "
             f"schema ({', '.join(value_schema.names)})"
+        )
+    clashes = sorted(set(value_schema.names) & set(RESERVED_COLUMNS))
+    if clashes:
+        raise ProcessorRefused(
+            f"value schema field(s) {', '.join(clashes)}: the decoded input rows use "
+            f"{', '.join(RESERVED_COLUMNS)} for the record's own; rename those fields"
         )
     key_schema = StructType([value_schema[c] for c in columns])
     delay = _event_time(pipeline, time_mode, value_schema)
