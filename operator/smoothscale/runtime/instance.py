@@ -282,8 +282,6 @@ class Instance:
             uid=config.instance_uid,
         )
         self._batch_started: float | None = None
-        self._without_input_at = 0.0
-        """When `run_due_without_input` last looked for tasks to run without input."""
         """When the micro-batch in flight began (None: none is)."""
         self._progressed_at = time.monotonic()
         """When the instance last made progress: a batch completed, a task turned active."""
@@ -667,20 +665,16 @@ class Instance:
     def run_due_without_input(self) -> list[TaskId]:
         """Spark runs a batch without data when a stateful processor has something to do with
         no input (a timer or TTL deadline due, the watermark to move): for a processor
-        pipeline, at most once per trigger interval, run one for each active task that has
-        (`due_without_input`), committed like any batch, its input position unchanged. Returns
-        those tasks. Waits at most TICK_LOCK_SECONDS for a batch in flight (the caller is the
-        worker's main thread), else leaves it to the next call."""
+        pipeline, run one for each active task that has (`due_without_input`), committed like
+        any batch, its input position unchanged. Returns those tasks. Waits at most
+        TICK_LOCK_SECONDS for a batch in flight (the caller is the worker's main thread, once
+        per trigger interval), else leaves it to the next call."""
         prepared = self.pipeline
-        now = time.monotonic()
         if not isinstance(prepared, PreparedProcessor):
-            return []
-        if now - self._without_input_at < self.config.trigger_interval:
             return []
         if not self.lock.acquire(timeout=TICK_LOCK_SECONDS):
             return []
         try:
-            self._without_input_at = now
             clock = round(time.time() * 1000)
             due = [
                 task

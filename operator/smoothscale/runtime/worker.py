@@ -373,13 +373,18 @@ def run_worker(config: WorkerConfig, start_engine: "EngineStarter | None" = None
         metrics.set_ready(True)
         log.info("instance %s ready", config.instance_id)
         keep_warm = KeepWarm(instance)
+        triggered = time.monotonic()
         while stop.signal is None and not instance.replaced:
             failure = engine.failure()
             if failure is not None:
                 raise RuntimeError(f"the micro-batches stopped: {failure}")
             instance.tick()
             keep_warm.tick()
-            instance.run_due_without_input()
+            if time.monotonic() - triggered >= config.trigger_interval:
+                # At each trigger, as Spark plans a batch without data (none comes from the
+                # source: it has no new input).
+                triggered = time.monotonic()
+                instance.run_due_without_input()
             time.sleep(TICK_SECONDS)
         reason = "its pod replaced" if instance.replaced else stop.signal
         log.info("instance %s stopping: %s", config.instance_id, reason)
