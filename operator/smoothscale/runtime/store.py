@@ -154,6 +154,15 @@ class TaskState:
             if isinstance(key, bytes) and isinstance(value, bytes):
                 yield key, value
 
+    def scan(self, store: str, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """The live keys of `store` that start with `prefix`, with their values, in key order
+        (a range read: the processor state's timers, TTL deadlines and map entries)."""
+        for key, value in self._families[store].items(from_key=prefix):
+            if not isinstance(key, bytes) or not key.startswith(prefix):
+                break
+            if isinstance(value, bytes):
+                yield key, value
+
     def _meta(self, key: str) -> bytes | None:
         value = self._families[_META].get(key.encode())
         return value if isinstance(value, bytes) else None
