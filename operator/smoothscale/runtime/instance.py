@@ -777,18 +777,9 @@ class Instance:
             if batch.records_at is None:
                 raise error
             read = batch.records_at(task, rows_of_key(prepared, rows, key)["offset"].tolist())
-            log.warning(
-                "task %d: the processor's handleInputRows raised on grouping key %r (%s: %s); "
-                "its %d records of this batch go to the dead-letter topic, its state stays as "
-                "it was",
-                task,
-                key,
-                type(error).__name__,
-                error,
-                len(read),
+            bad += self._dead_letters_of_key(
+                task, f"the processor's handleInputRows raised on grouping key {key!r}", error, read
             )
-            bad += [pipeline_error(record, error) for record in read]
-            self.metrics.count_dead_letters(PIPELINE_ERROR for _ in read)
         for key, expiry, error in outcome.failed_timers:
             why = (
                 f"the processor's handleExpiredTimer raised on grouping key {key!r}, timer "
@@ -798,6 +789,23 @@ class Instance:
             log.warning("task %d: %s", task, why)
             self._pipeline_errors[task] = (time.monotonic(), why)
         return outcome.changes, outcome.outputs, bad
+
+    def _dead_letters_of_key(
+        self, task: TaskId, what: str, error: BaseException, read: list[Any]
+    ) -> list[Any]:
+        """A key's records of this batch, as dead letters of `error` (`what` raised on it):
+        logged and counted; the key's state stays as it was."""
+        log.warning(
+            "task %d: %s (%s: %s); its %d records of this batch go to the dead-letter topic, its "
+            "state stays as it was",
+            task,
+            what,
+            type(error).__name__,
+            error,
+            len(read),
+        )
+        self.metrics.count_dead_letters(PIPELINE_ERROR for _ in read)
+        return [pipeline_error(record, error) for record in read]
 
     def _apply_updates(
         self, pipeline: Pipeline, task: TaskId, active: _Active, batch: BatchInput
@@ -821,18 +829,12 @@ class Instance:
             except Exception as error:
                 if batch.records_of is None:
                     raise
-                read = batch.records_of(task, key)
-                log.warning(
-                    "task %d: the pipeline's apply raised on key %r (%s: %s); its %d records of "
-                    "this batch go to the dead-letter topic, its state stays as it was",
+                bad += self._dead_letters_of_key(
                     task,
-                    key,
-                    type(error).__name__,
+                    f"the pipeline's apply raised on key {key!r}",
                     error,
-                    len(read),
+                    batch.records_of(task, key),
                 )
-                bad += [pipeline_error(record, error) for record in read]
-                self.metrics.count_dead_letters(PIPELINE_ERROR for _ in read)
                 continue
             current[key] = new_state
             changed[key] = new_state
