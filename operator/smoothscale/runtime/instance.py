@@ -72,7 +72,7 @@ from smoothscale.runtime.spark import SPARK_CORES
 from smoothscale.runtime.store import StateChanges, TaskState, task_directory
 from smoothscale.runtime.transactions import (
     OutputRecord,
-    ProducerFenced,
+    TaskLost,
     TaskProducer,
     TransactionError,
 )
@@ -735,8 +735,8 @@ class Instance:
             delivered = active.producer.commit(
                 {store: [*records, closing, *reclaim]}, outputs, queue_dead_letters
             )
-        except ProducerFenced as fenced:
-            self._fence(task, f"{fenced}; stopped processing it")
+        except TaskLost as lost:
+            self._fence(task, f"{lost}; stopped processing it")
             return
         changes = StateChanges(
             positions=delivered,
@@ -1090,9 +1090,9 @@ class Instance:
                 else:
                     try:
                         activation.marked = self._mark(task, activation, state)
-                    except ProducerFenced as fenced:
+                    except TaskLost as lost:
                         del self._activating[task]
-                        self._lose_activation(task, activation, state, f"{fenced}; not taking it")
+                        self._lose_activation(task, activation, state, f"{lost}; not taking it")
                         continue
                     unread = sum(o - reached.get(s, 0) for s, o in activation.waits_for().items())
                     if unread <= MARKER_NEAR_OFFSETS:
@@ -1116,8 +1116,8 @@ class Instance:
                 continue
             try:
                 self._activate(task, activation.marked, state)
-            except ProducerFenced as fenced:
-                self._lose_activation(task, activation, state, f"{fenced}; not taking it")
+            except TaskLost as lost:
+                self._lose_activation(task, activation, state, f"{lost}; not taking it")
         return marked
 
     @staticmethod
@@ -1187,13 +1187,13 @@ class Instance:
             for _ in range(MARKER_ATTEMPTS - 1):
                 try:
                     return _Marked(writer, producer, producer.commit(markers))
-                except ProducerFenced:
+                except TaskLost:
                     raise
                 except TransactionError as error:
                     # Aborted (commit aborts a failed transaction): readers never see it.
                     log.warning("task %d: epoch marker not written (%s): again", task, error)
             return _Marked(writer, producer, producer.commit(markers))
-        except ProducerFenced:
+        except TaskLost:
             producer.close()
             raise
 
