@@ -112,6 +112,12 @@ def test_an_aborted_batch_leaves_no_trace(config: WorkerConfig) -> None:
     assert [json.loads(m.value() or b"") for m in outputs] == [1]
 
 
+TIMEOUT = 2.0
+"""The producers' timeout here: init_transactions on a fresh cluster needs it under load."""
+LATER_THAN_EVERY_CALL = round((END_CALLS * TIMEOUT + 1) * 1_000)
+"""An answer this many ms late comes after all END_CALLS calls of a transaction's end."""
+
+
 @dataclass
 class SlowableKafka:
     """A fresh embedded Kafka behind the front (which hides aborted transactions from
@@ -149,8 +155,8 @@ def test_a_commit_that_times_out_is_resumed_and_commits_once(slowable: SlowableK
     """The commit's answer comes after the producer's timeout: the commit is resumed (not
     aborted, which Kafka refuses while the commit is in flight, and which would report as
     failed a batch that then commits)."""
-    producer = TaskProducer(slowable.config, task=0, epoch=1, timeout=1.0)
-    also = slowable.delivered_then_late(1_500)
+    producer = TaskProducer(slowable.config, task=0, epoch=1, timeout=TIMEOUT)
+    also = slowable.delivered_then_late(round(TIMEOUT * 1_500))
     producer.commit(batch(A, 1, {"alice": 1}, 1), [("alice", 1)], also=also)
     slowable.answer_late(0)
     producer.commit(batch(A, 2, {"alice": 2}, 2), [("alice", 2)])
@@ -161,12 +167,12 @@ def test_a_commit_that_times_out_is_resumed_and_commits_once(slowable: SlowableK
 def test_a_commit_that_does_not_finish_gives_the_task_up_to_what_the_log_says(
     slowable: SlowableKafka,
 ) -> None:
-    producer = TaskProducer(slowable.config, task=0, epoch=1, timeout=0.5)
+    producer = TaskProducer(slowable.config, task=0, epoch=1, timeout=TIMEOUT)
     started = time.monotonic()
-    also = slowable.delivered_then_late(3_000)
+    also = slowable.delivered_then_late(LATER_THAN_EVERY_CALL)
     with pytest.raises(CommitOutcomeUnknown) as raised:
         producer.commit(batch(A, 1, {"alice": 1}, 1), [("alice", 1)], also=also)
-    assert time.monotonic() - started >= END_CALLS * 0.5
+    assert time.monotonic() - started >= END_CALLS * TIMEOUT
     assert "only the changelog can say" in str(raised.value)
     slowable.answer_late(0)
     # It commits after the producer gave up on it: what counts is what the changelog says.
@@ -181,8 +187,8 @@ def test_a_commit_that_does_not_finish_gives_the_task_up_to_what_the_log_says(
 def test_an_abort_that_times_out_is_finished_before_the_next_transaction(
     slowable: SlowableKafka,
 ) -> None:
-    producer = TaskProducer(slowable.config, task=0, epoch=1, timeout=0.6)
-    deliver = slowable.delivered_then_late(2_500)  # the abort's answer comes after its calls
+    producer = TaskProducer(slowable.config, task=0, epoch=1, timeout=TIMEOUT)
+    deliver = slowable.delivered_then_late(LATER_THAN_EVERY_CALL)
 
     def delivered_then_failed(kafka: Producer) -> None:
         deliver(kafka)
