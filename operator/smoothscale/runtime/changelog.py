@@ -100,8 +100,13 @@ def state_key_of(record_key: bytes) -> bytes | None:
     return record_key[_DATA_PREFIX_LENGTH : record_key.rindex(b"@")]
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
+"""One encoder for every record: json.dumps with any option builds a new encoder per call, a
+third of the time of encoding a small value (a batch encodes one per changed key)."""
+
+
 def _json(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+    return _ENCODER.encode(value).encode()
 
 
 def marker(writer: Writer, instance_id: str) -> ChangelogRecord:

@@ -35,6 +35,8 @@ transactional call meanwhile is refused as conflicting. On Kafka the transaction
 at transaction.timeout.ms (60 s here), so the calls end by then with an answer."""
 
 _ANY_PARTITION = -1
+_OUTPUT_ENCODER = json.JSONEncoder(separators=(",", ":"))
+"""One encoder for every output (json.dumps with options builds one per call)."""
 """Let the producer's partitioner choose (librdkafka's RD_KAFKA_PARTITION_UA)."""
 
 OutputRecord = tuple[str, Any]
@@ -144,7 +146,7 @@ class TaskProducer:
                 self._produce(
                     self._output_topic,
                     key=key.encode(),
-                    value=json.dumps(value, separators=(",", ":")).encode(),
+                    value=_OUTPUT_ENCODER.encode(value).encode(),
                     headers=epoch_header,
                     on_delivery=on_delivery,
                     partition=_ANY_PARTITION,
