@@ -30,6 +30,7 @@ from smoothscale.runtime.config import WorkerConfig, load_worker_config
 from smoothscale.runtime.instance import BatchInput, Instance
 from smoothscale.runtime.metrics import InstanceMetrics
 from smoothscale.runtime.pipeline import Pipeline
+from smoothscale.runtime.processor import PreparedProcessor
 from smoothscale.runtime.worker import run_worker
 
 log = logging.getLogger(__name__)
@@ -118,10 +119,16 @@ class PythonBatches:
 
     @classmethod
     def start(
-        cls, config: WorkerConfig, instance: Instance, pipeline: Pipeline, metrics: InstanceMetrics
+        cls,
+        config: WorkerConfig,
+        instance: Instance,
+        pipeline: Pipeline | PreparedProcessor,
+        metrics: InstanceMetrics,
     ) -> "PythonBatches":
-        aggregate = pipeline.aggregate
-        if (aggregate.__module__, aggregate.__name__) != (RUNNING_COUNT, "count_per_user"):
+        if not isinstance(pipeline, Pipeline) or (
+            pipeline.aggregate.__module__,
+            pipeline.aggregate.__name__,
+        ) != (RUNNING_COUNT, "count_per_user"):
             raise ValueError(
                 f"the protocol worker computes only the running count's aggregate "
                 f"({RUNNING_COUNT}.count_per_user), not that of {config.pipeline}: run that "

@@ -15,8 +15,10 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from devstack.demo.scenario import (
+    CHANGELOG_TOPIC,
     INPUT_TOPIC,
     NAMESPACE,
     QUIET,
@@ -34,6 +36,16 @@ def pods_by_node(running: Session) -> dict[str, str]:
     listing = json.loads(running.kubectl("get", "-n", NAMESPACE, "pods", "-o", "json", quiet=True))
     return {
         pod["metadata"]["name"]: pod["spec"].get("nodeName", "")
+        for pod in listing["items"]
+        if not pod["metadata"].get("deletionTimestamp")
+    }
+
+
+def pod_uids(running: Session) -> dict[str, str]:
+    """The app's pods that are not terminating, by name: their uid."""
+    listing = json.loads(running.kubectl("get", "-n", NAMESPACE, "pods", "-o", "json", quiet=True))
+    return {
+        pod["metadata"]["name"]: pod["metadata"]["uid"]
         for pod in listing["items"]
         if not pod["metadata"].get("deletionTimestamp")
     }
@@ -158,6 +170,22 @@ def active_tasks(running: Session) -> set[int]:
     }
 
 
+def degraded_reason(running: Session) -> str | None:
+    conditions = {c["type"]: c for c in running.watcher.status.get("conditions") or []}
+    degraded = conditions.get("Degraded", {})
+    return str(degraded["reason"]) if degraded.get("status") == "True" else None
+
+
+def set_changelog_policy(running: Session, policy: str) -> None:
+    admin = AdminClient({"bootstrap.servers": running.bootstrap, **QUIET})
+    changelog = ConfigResource("topic", CHANGELOG_TOPIC)
+    changelog.add_incremental_config(
+        ConfigEntry("cleanup.policy", policy, incremental_operation=AlterConfigOpType.SET)
+    )
+    admin.incremental_alter_configs([changelog])[changelog].result(30)
+    running.say(f"cleanup.policy={policy} on {CHANGELOG_TOPIC}")
+
+
 def test_input_partitions_added_while_it_runs_become_new_tasks_with_owners(
     tmp_path: Path,
 ) -> None:
@@ -165,7 +193,9 @@ def test_input_partitions_added_while_it_runs_become_new_tasks_with_owners(
     Kafka tools) under steady input, with new users sent to them: the operator grows the
     changelog to match (Event ChangelogGrown), the two new tasks get owners and process from
     their first record, and the running tasks go on without a pause beyond their usual
-    micro-batches; nothing lost or applied twice."""
+    micro-batches. Then a topic problem that needs a person (the changelog's retention set to
+    delete): the app is Degraded, and a pod deleted meanwhile still hands its tasks over and
+    comes back. Nothing lost or applied twice."""
     out = io.StringIO()
     with session(options(tmp_path, spark=False), out) as running:
         watcher = running.watcher
@@ -180,13 +210,29 @@ def test_input_partitions_added_while_it_runs_become_new_tasks_with_owners(
             )
             watcher.run_until(lambda: watcher.settled(2), "two instances settled")
             watcher.hold()
-        story = out.getvalue()
-        assert "event ChangelogGrown" in story, story
-        assert "warning " not in story, "partitions added are planned: nothing to warn of"
+        grown = out.getvalue()
+        with running.phase("a topic problem, and a pod deleted"):
+            set_changelog_policy(running, "delete")
+            watcher.run_until(lambda: degraded_reason(running) == "ChangelogRetention", "Degraded")
+            deleted = pod_uids(running)["counts-1"]
+            running.kubectl("delete", "pod", "-n", NAMESPACE, "counts-1", "--wait=false")
+            watcher.run_until(
+                lambda: (
+                    pod_uids(running).get("counts-1", deleted) != deleted
+                    and active_tasks(running) == set(range(before + 2))
+                ),
+                "the deleted pod's tasks handed over, the pod back",
+            )
+            assert degraded_reason(running) == "ChangelogRetention", "still Degraded meanwhile"
+            set_changelog_policy(running, "compact")
+            watcher.run_until(lambda: watcher.settled(2), "Running again")
+        assert "event ChangelogGrown" in grown, grown
+        assert "warning " not in grown, "partitions added are planned: nothing to warn of"
+        assert "warning ChangelogRetention" in out.getvalue()
         assert running.finish(), out.getvalue()
         timelines = running.timelines
         assert len(timelines) == before + 2
-        (_, start, end) = running.phases[-1]
+        (_, start, end) = running.phases[0]
         running_longest = max(timelines[t].longest_pause(start, end) for t in range(before))
         first_batches = [
             min(t for t in timelines[task].commits if t > grown_at) - grown_at

@@ -134,6 +134,14 @@ def test_the_operator_killed_mid_hand_over_and_its_status_wiped_resumes_exactly(
         assert running.finish(), out.getvalue()
 
 
+POD_ADDRESS = {
+    "name": "SMOOTHSCALE_LISTEN_ADDRESS",
+    "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+}
+"""The instance's endpoints on its pod's own IP: pods here share the machine's network, and a
+process that outlives its pod would otherwise hold the port its same-name successor needs."""
+
+
 def test_the_operator_lost_its_status_wiped_and_the_releasing_pod_re_created_mid_hand_over(
     tmp_path: Path,
 ) -> None:
@@ -142,9 +150,10 @@ def test_the_operator_lost_its_status_wiped_and_the_releasing_pod_re_created_mid
     its grace period, as under a real kubelet). The operator comes back with nothing but its
     ledger and the instances' reports: the re-created pod (same name, new uid) inherits no
     ownership from its predecessor's reports, every hand-over ends, and the scale-out finishes
-    exact, never two owners, every output checked."""
+    exact, never two owners, every output checked. The pods listen on their own IPs: the
+    force-deleted pod's process holds its port until its grace period ends."""
     out = io.StringIO()
-    with session(options(tmp_path, spark=False), out) as running:
+    with session(options(tmp_path, spark=False, env=(POD_ADDRESS,)), out) as running:
         watcher = running.watcher
         start_steady(running)
         releasing = f"{APP_NAME}-0"
@@ -270,14 +279,6 @@ def test_an_active_pod_killed_mid_batch_fails_its_tasks_over_at_once_exactly(
         story = out.getvalue()
         assert "warning FailedOver" in story.split("--force")[1], "a Warning Event says so"
         assert running.finish(), out.getvalue()
-
-
-POD_ADDRESS = {
-    "name": "SMOOTHSCALE_LISTEN_ADDRESS",
-    "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
-}
-"""The instance's endpoints on its pod's own IP: pods here share the machine's network, and a
-process that outlives its pod would otherwise hold the port its same-name successor needs."""
 
 
 def test_a_frozen_owner_thawed_after_its_same_name_successor_took_over_writes_nothing(

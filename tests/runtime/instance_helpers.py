@@ -8,17 +8,21 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from confluent_kafka import Producer
+import pandas as pd
+from confluent_kafka import KafkaError, Producer, TopicPartition
 from examples.pipelines.running_count import pipeline as running_count
+from pyspark.sql import Row
+from pyspark.sql.types import TimestampType
 
 from devstack.kafka.embedded import EmbeddedKafka
 from devstack.kafka.front import KafkaFront
 from devstack.protocolworker import batch_reader, read_batch
 from smoothscale.kafka import names
 from smoothscale.runtime.config import WorkerConfig
-from smoothscale.runtime.instance import DeadLetterSender, Instance
+from smoothscale.runtime.instance import BatchInput, DeadLetterSender, Instance
 from smoothscale.runtime.metrics import InstanceMetrics
 from smoothscale.runtime.pipeline import Output, Pipeline
+from smoothscale.runtime.processor import PreparedProcessor
 from tests.runtime.kafka_helpers import read_committed, unique, wait_for
 
 PARTITIONS = 2
@@ -110,7 +114,7 @@ def cycling_reference(users: Iterable[str]) -> dict[str, int]:
 @contextmanager
 def running(
     config: WorkerConfig,
-    pipeline: Pipeline | None = None,
+    pipeline: Pipeline | PreparedProcessor | None = None,
     send_dead_letters: DeadLetterSender | None = None,
 ) -> Iterator[Instance]:
     instance = Instance(
@@ -173,3 +177,64 @@ def final_totals(config: WorkerConfig) -> dict[str, list[int]]:
             json.loads(message.value() or b"")
         )
     return totals
+
+
+def feed_rows(instance: Instance, tick: bool = True) -> int:
+    """`feed` for a processor pipeline: one micro-batch the way the worker runs one, without
+    Spark: the active tasks' input from their positions (to the end a read_committed reader
+    sees), each JSON value decoded into the value schema's columns (a TIMESTAMP field from its
+    ISO text, as Spark's from_json reads it), committed per task. Returns records read."""
+    if tick:
+        instance.tick()
+    with instance.batch():
+        read = _rows_batch(instance)
+        instance.after_batch()
+    return read
+
+
+def _rows_batch(instance: Instance) -> int:
+    prepared = instance.pipeline
+    assert isinstance(prepared, PreparedProcessor)
+    starts = instance.read_from()
+    if not starts:
+        return 0
+    consumer = batch_reader(instance.config, unique("feeder"))
+    records: dict[int, list[Row]] = {}
+    batch = BatchInput()
+    try:
+        consumer.assign([TopicPartition(t, p, offset) for (t, p), offset in starts.items()])
+        open_partitions = set(starts)
+        while open_partitions:
+            for message in consumer.consume(1000, 1.0):
+                where = (message.topic() or "", message.partition() or 0)
+                error = message.error()
+                if error is not None and error.code() == KafkaError._PARTITION_EOF:
+                    open_partitions.discard(where)
+                    continue
+                assert error is None, error
+                topic, task = where
+                offset = message.offset() or 0
+                records.setdefault(task, []).append(
+                    Row(
+                        topic=topic,
+                        partition=task,
+                        offset=offset,
+                        key=message.key(),
+                        value=message.value(),
+                    )
+                )
+                batch.ends.setdefault(task, {})[topic] = offset + 1
+                batch.counts[task] = batch.counts.get(task, 0) + 1
+    finally:
+        consumer.close()
+    names = prepared.value_schema.names
+    for task, read in records.items():
+        values = [{**json.loads(row["value"]), "offset": row["offset"]} for row in read]
+        frame = pd.DataFrame(values, columns=[*names, "offset"])
+        for field in prepared.value_schema.fields:
+            if isinstance(field.dataType, TimestampType):
+                frame[field.name] = pd.to_datetime(frame[field.name], utc=True).dt.tz_localize(None)
+        batch.rows[task] = frame
+    batch.records_at = lambda task, offsets: [r for r in records[task] if r["offset"] in offsets]
+    instance.commit_batch(batch)
+    return sum(batch.counts.values())

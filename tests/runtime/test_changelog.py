@@ -39,7 +39,7 @@ def restore(records: list[ChangelogRecord]) -> dict[str, object]:
         "input": outcome.changes.input_positions,
         "writer": outcome.changes.writers.get(STORE),
         "position": outcome.changes.positions[STORE],
-        "pending": [offset for offset, _ in outcome.cursor.pending],
+        "pending": [held[0] for held in outcome.cursor.pending],
         "skipped": outcome.skipped,
     }
 
@@ -68,6 +68,9 @@ def test_a_record_smoothscale_did_not_write_is_refused() -> None:
     bad_kind = [("smoothscale.kind", b"epoch"), ("smoothscale.writer", b"1.0.0")]
     with pytest.raises(ChangelogFormatError, match="bad smoothscale headers"):
         parse_record(b"bob", b"5", bad_kind)
+    for not_a_data_key in (b"bob", b"d:bob", b"bob@1.0.7.3"):
+        with pytest.raises(ChangelogFormatError, match="not d:<key>@<writer>"):
+            parse_record(not_a_data_key, b"5", data(A, 3, "bob", 5, None).headers())
 
 
 def test_restore_applies_closed_batches_in_order() -> None:

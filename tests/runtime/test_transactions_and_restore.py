@@ -3,31 +3,42 @@ ignoring a zombie owner that the broker did not fence."""
 
 import json
 import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
 
 from devstack.kafka.embedded import EmbeddedKafka
+from devstack.kafka.front import KafkaFront
 from smoothscale.kafka import names
 from smoothscale.runtime.changelog import ChangelogRecord, closer, data, marker
 from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.restore import RestoreLoop, catch_up
 from smoothscale.runtime.store import TaskState
-from smoothscale.runtime.transactions import TaskProducer, TransactionError
+from smoothscale.runtime.transactions import (
+    END_CALLS,
+    CommitOutcomeUnknown,
+    TaskProducer,
+    TransactionError,
+)
 from smoothscale.runtime.writer import Writer
 from tests.runtime.kafka_helpers import read_committed, unique, wait_for
 
 STORE = "counts"
 
 
-@pytest.fixture
-def config(embedded_kafka: EmbeddedKafka, tmp_path: Path) -> WorkerConfig:
-    app = unique("app")
+def config_on(
+    kafka: EmbeddedKafka | KafkaFront, cluster: EmbeddedKafka, tmp_path: Path
+) -> WorkerConfig:
+    """An app of fresh topics (two partitions each), its clients on `kafka`."""
     config = WorkerConfig(
-        app_id=app,
+        app_id=unique("app"),
         instance_id="pod-a",
-        bootstrap_servers=embedded_kafka.bootstrap_servers,
+        bootstrap_servers=kafka.bootstrap_servers,
         input_topics=[unique("clicks")],
         output_topic=unique("out"),
         stores={STORE: None},
@@ -35,8 +46,13 @@ def config(embedded_kafka: EmbeddedKafka, tmp_path: Path) -> WorkerConfig:
         state_dir=tmp_path / "state",
     )
     for topic in (*config.input_topics, config.output_topic, *config.changelog_topics().values()):
-        embedded_kafka.create_topic(topic, 2)
+        cluster.create_topic(topic, 2)
     return config
+
+
+@pytest.fixture
+def config(embedded_kafka: EmbeddedKafka, tmp_path: Path) -> WorkerConfig:
+    return config_on(embedded_kafka, embedded_kafka, tmp_path)
 
 
 def batch(
@@ -94,6 +110,96 @@ def test_an_aborted_batch_leaves_no_trace(config: WorkerConfig) -> None:
         state.close()
     outputs = read_committed(config.bootstrap_servers, config.output_topic, 2)
     assert [json.loads(m.value() or b"") for m in outputs] == [1]
+
+
+TIMEOUT = 2.0
+"""The producers' timeout here: init_transactions on a fresh cluster needs it under load."""
+LATER_THAN_EVERY_CALL = round((END_CALLS * TIMEOUT + 1) * 1_000)
+"""An answer this many ms late comes after all END_CALLS calls of a transaction's end."""
+
+
+@dataclass
+class SlowableKafka:
+    """A fresh embedded Kafka behind the front (which hides aborted transactions from
+    read_committed readers, as Kafka does), whose brokers can be made to answer late."""
+
+    kafka: EmbeddedKafka
+    config: WorkerConfig
+
+    def answer_late(self, rtt_ms: int) -> None:
+        for broker in range(1, self.kafka.brokers + 1):
+            self.kafka.set_rtt(broker, rtt_ms)
+
+    def delivered_then_late(self, rtt_ms: int) -> Callable[[Producer], None]:
+        """For `also`: deliver the transaction's records, then answer `rtt_ms` late (so that
+        only the end of the transaction meets the slow brokers)."""
+
+        def deliver(kafka: Producer) -> None:
+            kafka.flush(10)
+            self.answer_late(rtt_ms)
+
+        return deliver
+
+    def outputs(self) -> list[Any]:
+        read = read_committed(self.config.bootstrap_servers, self.config.output_topic, 2)
+        return [json.loads(m.value() or b"") for m in read]
+
+
+@pytest.fixture
+def slowable(kafka_cluster: EmbeddedKafka, tmp_path: Path) -> Iterator[SlowableKafka]:
+    with KafkaFront(kafka_cluster) as front:
+        yield SlowableKafka(kafka_cluster, config_on(front, kafka_cluster, tmp_path))
+
+
+def test_a_commit_that_times_out_is_resumed_and_commits_once(slowable: SlowableKafka) -> None:
+    """The commit's answer comes after the producer's timeout: the commit is resumed (not
+    aborted, which Kafka refuses while the commit is in flight, and which would report as
+    failed a batch that then commits)."""
+    producer = TaskProducer(slowable.config, task=0, epoch=1, timeout=TIMEOUT)
+    also = slowable.delivered_then_late(round(TIMEOUT * 1_500))
+    producer.commit(batch(A, 1, {"alice": 1}, 1), [("alice", 1)], also=also)
+    slowable.answer_late(0)
+    producer.commit(batch(A, 2, {"alice": 2}, 2), [("alice", 2)])
+    producer.close()
+    assert slowable.outputs() == [1, 2]
+
+
+def test_a_commit_that_does_not_finish_gives_the_task_up_to_what_the_log_says(
+    slowable: SlowableKafka,
+) -> None:
+    producer = TaskProducer(slowable.config, task=0, epoch=1, timeout=TIMEOUT)
+    started = time.monotonic()
+    also = slowable.delivered_then_late(LATER_THAN_EVERY_CALL)
+    with pytest.raises(CommitOutcomeUnknown) as raised:
+        producer.commit(batch(A, 1, {"alice": 1}, 1), [("alice", 1)], also=also)
+    assert time.monotonic() - started >= END_CALLS * TIMEOUT
+    assert "only the changelog can say" in str(raised.value)
+    slowable.answer_late(0)
+    # It commits after the producer gave up on it: what counts is what the changelog says.
+    wait_for(lambda: slowable.outputs() == [1], 15, "the transaction to commit anyway")
+    state = restored(slowable.config, 0, "fresh")
+    try:
+        assert state.snapshot(STORE) == {"alice": 1}
+    finally:
+        state.close()
+
+
+def test_an_abort_that_times_out_is_finished_before_the_next_transaction(
+    slowable: SlowableKafka,
+) -> None:
+    producer = TaskProducer(slowable.config, task=0, epoch=1, timeout=TIMEOUT)
+    deliver = slowable.delivered_then_late(LATER_THAN_EVERY_CALL)
+
+    def delivered_then_failed(kafka: Producer) -> None:
+        deliver(kafka)
+        raise RuntimeError("the dead letters could not be queued")
+
+    with pytest.raises(RuntimeError):
+        producer.commit(batch(A, 1, {"alice": 9}, 9), [("alice", 9)], also=delivered_then_failed)
+    slowable.answer_late(0)
+    producer.commit(batch(A, 1, {"alice": 1}, 1), [("alice", 1)])
+    producer.close()
+    assert slowable.outputs() == [1]
 
 
 def test_restore_ignores_an_unfenced_zombie_after_the_new_owners_marker(

@@ -17,7 +17,8 @@ forwards every request to its broker, except that it:
 - answers CreatePartitions (v0-v1) itself: the mock cannot add partitions to a topic, so the
   partitions added live in an extension topic of the mock, and every request and response that
   names partitions (Produce, Fetch, ListOffsets, Metadata, group offsets, transactions) is
-  mapped between the clients' view and the mock's (see partitions.py);
+  mapped between the clients' view and the mock's (see partitions.py). It applies CreateTopics,
+  CreatePartitions and DeleteTopics one at a time, as Kafka's controller does;
 - answers DeleteRecords (v0-v1) itself: it keeps each partition's log start offset, which
   ListOffsets answers then never go below, and a Fetch below it is OFFSET_OUT_OF_RANGE, as on a
   cluster whose retention deleted the records;
@@ -227,6 +228,9 @@ class KafkaFront:
         self._compactions: dict[tuple[str, int], Compaction] = {}
         self._log_starts: dict[tuple[str, int], int] = {}
         self._partitions = PartitionMap()
+        self._controller = asyncio.Lock()
+        """Held while a request changes the topics (creates, grows or deletes one): Kafka's
+        controller applies such requests one at a time, each to the topics the previous left."""
         self._fence = ProducerFence()
         self._transactions = TransactionLog()
         self._loop = asyncio.new_event_loop()
@@ -535,12 +539,12 @@ class KafkaFront:
                 error_code = _INVALID_REQUEST
                 message = "this dev cluster does not take manual replica assignments"
             elif count <= len(layout.partitions):
-                error_code = _INVALID_PARTITIONS
+                error_code = _INVALID_PARTITIONS  # in the words of Kafka's controller
                 message = (
-                    f"Topic currently has {len(layout.partitions)} partitions, which is higher "
-                    f"than or equal to the requested {count}."
+                    f"The topic {name} currently has {len(layout.partitions)} partition(s); "
+                    f"{count} would not be an increase."
                     if count < len(layout.partitions)
-                    else f"Topic already has {count} partitions."
+                    else f"Topic already has {count} partition(s)."
                 )
             else:
                 error_code = _NONE
@@ -818,11 +822,11 @@ class KafkaFront:
 
     def _handler(self, api_key: int) -> Callable[[int, Reader], Awaitable[bytes]] | None:
         if api_key == CREATE_TOPICS:
-            return self._create_topics
+            return self._one_at_a_time(self._create_topics)
         if api_key == CREATE_PARTITIONS:
-            return self._create_partitions
+            return self._one_at_a_time(self._create_partitions)
         if api_key == DELETE_TOPICS:
-            return self._delete_topics
+            return self._one_at_a_time(self._delete_topics)
         if api_key == DELETE_RECORDS:
             return self._delete_records
         if api_key == DESCRIBE_CONFIGS:
@@ -830,6 +834,18 @@ class KafkaFront:
         if api_key == INCREMENTAL_ALTER_CONFIGS:
             return self._incremental_alter_configs
         return None
+
+    def _one_at_a_time(
+        self, handler: Callable[[int, Reader], Awaitable[bytes]]
+    ) -> Callable[[int, Reader], Awaitable[bytes]]:
+        """`handler` holding the controller lock: two growths of a topic read its partition count
+        one after the other, so their extensions never claim the same partitions."""
+
+        async def handle(version: int, body: Reader) -> bytes:
+            async with self._controller:
+                return await handler(version, body)
+
+        return handle
 
     async def _pump_responses(
         self,

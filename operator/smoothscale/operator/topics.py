@@ -15,7 +15,8 @@ topic, one CreatePartitions for every changelog to grow, one DescribeConfigs for
 changelog) so an app with many stores costs the cluster three requests per reconciliation.
 """
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException
@@ -178,28 +179,17 @@ class TopicManager:
         except KafkaException as refusal:
             problems.append(self._unreachable(refusal))
             return []
-        created = []
-        for name, future in futures.items():
-            try:
-                future.result(self._timeout)
-            except KafkaException as exception:
-                error: KafkaError = exception.args[0]
-                if error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-                    continue  # another reconciliation created it since the Metadata request
-                problems.append(
-                    TopicProblem(
-                        "TopicCreationFailed",
-                        name,
-                        f"cannot create topic {name!r}: {error.str()}; create it by hand or give "
-                        "the operator's Kafka principal the right to create topics",
-                    )
-                )
-                continue
-            except TimeoutError:
-                problems.append(self._unreachable(f"creating topic {name!r} timed out"))
-                continue
-            created.append(name)
-        return created
+
+        def refused(name: str, error: KafkaError) -> TopicProblem:
+            return TopicProblem(
+                "TopicCreationFailed",
+                name,
+                f"cannot create topic {name!r}: {error.str()}; create it by hand or give "
+                "the operator's Kafka principal the right to create topics",
+            )
+
+        # TOPIC_ALREADY_EXISTS: another reconciliation created it since the Metadata request.
+        return self._done(futures, KafkaError.TOPIC_ALREADY_EXISTS, refused, "creating", problems)
 
     def _grow(self, to_grow: list[NewPartitions], problems: list[TopicProblem]) -> list[str]:
         """Add partitions to each changelog in `to_grow`; the names grown."""
@@ -211,30 +201,44 @@ class TopicManager:
             problems.append(self._unreachable(refusal))
             return []
         wanted = {growth.topic: growth.new_total_count for growth in to_grow}
-        grown = []
+
+        def refused(name: str, error: KafkaError) -> TopicProblem:
+            return TopicProblem(
+                "ChangelogGrowthFailed",
+                name,
+                f"the input topics have {wanted[name]} partitions but changelog topic "
+                f"{name!r} cannot be grown to match: {error.str()}; the new tasks have "
+                "no owner until it is: add the partitions with your Kafka tools, or "
+                "give the operator's Kafka principal the right to alter topics",
+            )
+
+        # INVALID_PARTITIONS: another reconciliation grew it since the Metadata request.
+        return self._done(futures, KafkaError.INVALID_PARTITIONS, refused, "growing", problems)
+
+    def _done(
+        self,
+        futures: Mapping[str, Future[None]],
+        done_already: int,
+        refused: Callable[[str, KafkaError], TopicProblem],
+        doing: str,
+        problems: list[TopicProblem],
+    ) -> list[str]:
+        """The topics whose request (`doing` them) succeeded; a refusal other than
+        `done_already` and a timeout are problems."""
+        done = []
         for name, future in futures.items():
             try:
                 future.result(self._timeout)
             except KafkaException as exception:
                 error: KafkaError = exception.args[0]
-                if error.code() == KafkaError.INVALID_PARTITIONS:
-                    continue  # another reconciliation grew it since the Metadata request
-                problems.append(
-                    TopicProblem(
-                        "ChangelogGrowthFailed",
-                        name,
-                        f"the input topics have {wanted[name]} partitions but changelog topic "
-                        f"{name!r} cannot be grown to match: {error.str()}; the new tasks have "
-                        "no owner until it is: add the partitions with your Kafka tools, or "
-                        "give the operator's Kafka principal the right to alter topics",
-                    )
-                )
+                if error.code() != done_already:
+                    problems.append(refused(name, error))
                 continue
             except TimeoutError:
-                problems.append(self._unreachable(f"growing topic {name!r} timed out"))
+                problems.append(self._unreachable(f"{doing} topic {name!r} timed out"))
                 continue
-            grown.append(name)
-        return grown
+            done.append(name)
+        return done
 
     def _retention_problems(self, changelogs: list[str]) -> list[TopicProblem]:
         if not changelogs:

@@ -22,9 +22,9 @@ field accepts any JSON value as its text, a number with a fraction does not fit 
 """
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from smoothscale.runtime.pipeline import Pipeline, PipelineError
+from smoothscale.runtime.pipeline import PipelineError
 
 if TYPE_CHECKING:
     import confluent_kafka
@@ -64,12 +64,29 @@ ORIGIN_OFFSET_HEADER = "smoothscale.origin.offset"
 RESERVED_COLUMNS = ("partition", "offset", "timestamp", "key")
 """Columns of a decoded row that are not value fields; the value schema cannot reuse them."""
 
+
+class JsonInput(Protocol):
+    """What decoding needs of a pipeline: a `Pipeline`, or a processor pipeline's
+    `json_input`."""
+
+    @property
+    def store(self) -> str: ...
+
+    @property
+    def value_schema(self) -> str:
+        """Spark DDL of the JSON record value."""
+
+    @property
+    def key_column(self) -> str:
+        """The state key: `RECORD_KEY` or a field of the value schema."""
+
+
 _CORRUPT_COLUMN = "_smoothscale_corrupt_record"
 _PARSED_COLUMN = "_smoothscale_parsed"
 _REASON_COLUMN = "_smoothscale_reason"
 
 
-def decode(batch: "DataFrame", pipeline: Pipeline) -> "tuple[DataFrame, DataFrame]":
+def decode(batch: "DataFrame", pipeline: JsonInput) -> "tuple[DataFrame, DataFrame]":
     """Split the source's rows into (good rows, bad rows): `split(classify(batch, pipeline))`.
 
     Both frames derive from `batch`: persist it first if it is costly to read twice (a
@@ -78,7 +95,7 @@ def decode(batch: "DataFrame", pipeline: Pipeline) -> "tuple[DataFrame, DataFram
     return split(classify(batch, pipeline), pipeline)
 
 
-def classify(batch: "DataFrame", pipeline: Pipeline) -> "DataFrame":
+def classify(batch: "DataFrame", pipeline: JsonInput) -> "DataFrame":
     """The source's rows, each with its value parsed and the reason it is bad (null if good):
     every column of `batch` and two more, which `split` reads."""
     from pyspark.sql import functions as F
@@ -102,7 +119,7 @@ def reason(classified: "DataFrame") -> "Column":
     return classified[_REASON_COLUMN]
 
 
-def split(classified: "DataFrame", pipeline: Pipeline) -> "tuple[DataFrame, DataFrame]":
+def split(classified: "DataFrame", pipeline: JsonInput) -> "tuple[DataFrame, DataFrame]":
     """Classified rows as (good rows, bad rows).
 
     Good rows have columns partition, offset, timestamp, key (the record key as a STRING), then
@@ -130,7 +147,7 @@ def split(classified: "DataFrame", pipeline: Pipeline) -> "tuple[DataFrame, Data
     return good, bad
 
 
-def _value_fields(pipeline: Pipeline) -> list[str]:
+def _value_fields(pipeline: JsonInput) -> list[str]:
     """The value schema's field names, after checking the schema is one the runtime can use."""
     from pyspark.sql.types import DataType, StructType
 
@@ -162,7 +179,7 @@ def _value_fields(pipeline: Pipeline) -> list[str]:
     return names
 
 
-def _reason(pipeline: Pipeline, fields: list[str], text: "Column") -> "Column":
+def _reason(pipeline: JsonInput, fields: list[str], text: "Column") -> "Column":
     """Why a row is bad, or null when it is good; the first failing check names it."""
     from pyspark.sql import functions as F
 

@@ -29,7 +29,7 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaException, Producer, TopicPartition
 
@@ -59,6 +59,8 @@ from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.decode import PIPELINE_ERROR, pipeline_error
 from smoothscale.runtime.metrics import InstanceMetrics
 from smoothscale.runtime.pipeline import Pipeline
+from smoothscale.runtime.processor import PreparedProcessor, run_batch
+from smoothscale.runtime.processor.loop import due_without_input, no_rows, rows_of_key
 from smoothscale.runtime.restore import (
     RestoreLoop,
     end_offsets,
@@ -70,12 +72,15 @@ from smoothscale.runtime.spark import SPARK_CORES
 from smoothscale.runtime.store import StateChanges, TaskState, task_directory
 from smoothscale.runtime.transactions import (
     OutputRecord,
-    ProducerFenced,
+    TaskLost,
     TaskProducer,
     TransactionError,
 )
 from smoothscale.runtime.writer import Writer
 from smoothscale.tasks import TaskId, TaskRole
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +146,13 @@ class BatchInput:
     """The batch's records (as read) of a key in a task, for when `apply` raises on that key:
     they go to the dead-letter topic and the key's state stays as it was. None: `apply`
     raising fails the batch."""
+    rows: "dict[TaskId, pd.DataFrame]" = field(default_factory=dict)
+    """A processor pipeline's input, per task: the decoded good records (the value schema's
+    fields and their `offset`), in input order. A task with none runs with no rows."""
+    records_at: Callable[[TaskId, list[int]], list[Any]] | None = None
+    """The batch's records (as read) of a task at the given input offsets, for when a
+    processor's handleInputRows raises on a grouping key: they go to the dead-letter topic.
+    None: a handler raising fails the batch."""
 
 
 @dataclass
@@ -203,7 +215,7 @@ class Instance:
     def __init__(
         self,
         config: WorkerConfig,
-        pipeline: Pipeline,
+        pipeline: Pipeline | PreparedProcessor,
         metrics: InstanceMetrics,
         plan_path: Path,
         send_dead_letters: DeadLetterSender | None = None,
@@ -649,6 +661,32 @@ class Instance:
                 self._report(with_input_lag=False)
                 self._best_effort("commit the input positions", self._inputs.commit, committed)
 
+    def run_due_without_input(self) -> list[TaskId]:
+        """Spark runs a batch without data when a stateful processor has something to do with
+        no input (a timer or TTL deadline due, the watermark to move): for a processor
+        pipeline, run one for each active task that has (`due_without_input`), committed like
+        any batch, its input position unchanged. Returns those tasks. Waits at most
+        TICK_LOCK_SECONDS for a batch in flight (the caller is the worker's main thread, once
+        per trigger interval), else leaves it to the next call."""
+        prepared = self.pipeline
+        if not isinstance(prepared, PreparedProcessor):
+            return []
+        if not self.lock.acquire(timeout=TICK_LOCK_SECONDS):
+            return []
+        try:
+            clock = round(time.time() * 1000)
+            due = [
+                task
+                for task, active in sorted(self._active.items())
+                if due_without_input(prepared, active.state, clock)
+            ]
+            if due:
+                with self.batch():
+                    self.commit_batch(BatchInput(ends={task: {} for task in due}))
+            return due
+        finally:
+            self.lock.release()
+
     def _note_pipeline_errors(self, task: TaskId, bad: list[Any]) -> None:
         raised = [row for row in bad if row["reason"] == PIPELINE_ERROR]
         if raised:
@@ -669,37 +707,10 @@ class Instance:
     def _commit_task(self, task: TaskId, batch: BatchInput) -> None:
         active = self._active[task]
         store = self.pipeline.store
-        updates = batch.updates.get(task, [])
-        current: dict[str, Any] = {}
-        keys = list(dict.fromkeys(key for key, _ in updates))
-        olds = active.state.get_many(store, [key.encode() for key in keys])
-        for key, raw in zip(keys, olds, strict=True):
-            current[key] = None if raw is None else json.loads(raw)
-        outputs: list[OutputRecord] = []
-        changed: dict[str, Any] = {}
-        bad = list(batch.dead_letters.get(task, []))
-        for key, update in updates:
-            try:
-                new_state, emitted = self.pipeline.apply(key, current[key], update)
-            except Exception as error:
-                if batch.records_of is None:
-                    raise
-                read = batch.records_of(task, key)
-                log.warning(
-                    "task %d: the pipeline's apply raised on key %r (%s: %s); its %d records of "
-                    "this batch go to the dead-letter topic, its state stays as it was",
-                    task,
-                    key,
-                    type(error).__name__,
-                    error,
-                    len(read),
-                )
-                bad += [pipeline_error(record, error) for record in read]
-                self.metrics.count_dead_letters(PIPELINE_ERROR for _ in read)
-                continue
-            current[key] = new_state
-            changed[key] = new_state
-            outputs.extend(emitted)
+        if isinstance(self.pipeline, PreparedProcessor):
+            changed, outputs, bad = self._run_processor(self.pipeline, task, active, batch)
+        else:
+            changed, outputs, bad = self._apply_updates(self.pipeline, task, active, batch)
         positions = {**active.state.input_positions(), **batch.ends[task]}
         number = active.batch + 1
         names = list(changed)
@@ -724,8 +735,8 @@ class Instance:
             delivered = active.producer.commit(
                 {store: [*records, closing, *reclaim]}, outputs, queue_dead_letters
             )
-        except ProducerFenced as fenced:
-            self._fence(task, f"{fenced}; stopped processing it")
+        except TaskLost as lost:
+            self._fence(task, f"{lost}; stopped processing it")
             return
         changes = StateChanges(
             positions=delivered,
@@ -749,6 +760,86 @@ class Instance:
         active.unverified.append((offsets[-1] + 1, superseded))
         self.metrics.count_processed(task, batch.counts.get(task, 0))
         self._verify(task, active, offsets)
+
+    def _run_processor(
+        self, prepared: PreparedProcessor, task: TaskId, active: _Active, batch: BatchInput
+    ) -> tuple[dict[str, Any], list[OutputRecord], list[Any]]:
+        """A processor pipeline's batch of one task (processor.run_batch): its state changes,
+        outputs, and dead letters (the bad records, and the records of the grouping keys whose
+        handleInputRows raised). Late rows are dropped and counted."""
+        rows = batch.rows.get(task)
+        if rows is None:
+            rows = no_rows(prepared)
+        outcome = run_batch(prepared, active.state, rows, round(time.time() * 1000))
+        self.metrics.count_late_rows(task, outcome.late_rows)
+        bad = list(batch.dead_letters.get(task, []))
+        for key, error in outcome.failed_keys:
+            if batch.records_at is None:
+                raise error
+            read = batch.records_at(task, rows_of_key(prepared, rows, key)["offset"].tolist())
+            bad += self._dead_letters_of_key(
+                task, f"the processor's handleInputRows raised on grouping key {key!r}", error, read
+            )
+        for key, expiry, error in outcome.failed_timers:
+            why = (
+                f"the processor's handleExpiredTimer raised on grouping key {key!r}, timer "
+                f"{expiry} ({type(error).__name__}: {error}); the timer is deleted, the "
+                "handler's state changes undone: fix the processor"
+            )
+            log.warning("task %d: %s", task, why)
+            self._pipeline_errors[task] = (time.monotonic(), why)
+        return outcome.changes, outcome.outputs, bad
+
+    def _dead_letters_of_key(
+        self, task: TaskId, what: str, error: BaseException, read: list[Any]
+    ) -> list[Any]:
+        """A key's records of this batch, as dead letters of `error` (`what` raised on it):
+        logged and counted; the key's state stays as it was."""
+        log.warning(
+            "task %d: %s (%s: %s); its %d records of this batch go to the dead-letter topic, its "
+            "state stays as it was",
+            task,
+            what,
+            type(error).__name__,
+            error,
+            len(read),
+        )
+        self.metrics.count_dead_letters(PIPELINE_ERROR for _ in read)
+        return [pipeline_error(record, error) for record in read]
+
+    def _apply_updates(
+        self, pipeline: Pipeline, task: TaskId, active: _Active, batch: BatchInput
+    ) -> tuple[dict[str, Any], list[OutputRecord], list[Any]]:
+        """An aggregate/apply pipeline's batch of one task: `apply` folds each update into its
+        key's state; the new states, the outputs, and the dead letters (the bad records, and
+        the records of the keys `apply` raised on)."""
+        store = pipeline.store
+        updates = batch.updates.get(task, [])
+        current: dict[str, Any] = {}
+        keys = list(dict.fromkeys(key for key, _ in updates))
+        olds = active.state.get_many(store, [key.encode() for key in keys])
+        for key, raw in zip(keys, olds, strict=True):
+            current[key] = None if raw is None else json.loads(raw)
+        outputs: list[OutputRecord] = []
+        changed: dict[str, Any] = {}
+        bad = list(batch.dead_letters.get(task, []))
+        for key, update in updates:
+            try:
+                new_state, emitted = pipeline.apply(key, current[key], update)
+            except Exception as error:
+                if batch.records_of is None:
+                    raise
+                bad += self._dead_letters_of_key(
+                    task,
+                    f"the pipeline's apply raised on key {key!r}",
+                    error,
+                    batch.records_of(task, key),
+                )
+                continue
+            current[key] = new_state
+            changed[key] = new_state
+            outputs.extend(emitted)
+        return changed, outputs, bad
 
     def _tombstones(self, active: _Active, changing: set[str]) -> list[ChangelogRecord]:
         """Tombstones for up to TOMBSTONES_PER_BATCH verified garbage records of the pipeline
@@ -999,9 +1090,9 @@ class Instance:
                 else:
                     try:
                         activation.marked = self._mark(task, activation, state)
-                    except ProducerFenced as fenced:
+                    except TaskLost as lost:
                         del self._activating[task]
-                        self._lose_activation(task, activation, state, f"{fenced}; not taking it")
+                        self._lose_activation(task, activation, state, f"{lost}; not taking it")
                         continue
                     unread = sum(o - reached.get(s, 0) for s, o in activation.waits_for().items())
                     if unread <= MARKER_NEAR_OFFSETS:
@@ -1025,8 +1116,8 @@ class Instance:
                 continue
             try:
                 self._activate(task, activation.marked, state)
-            except ProducerFenced as fenced:
-                self._lose_activation(task, activation, state, f"{fenced}; not taking it")
+            except TaskLost as lost:
+                self._lose_activation(task, activation, state, f"{lost}; not taking it")
         return marked
 
     @staticmethod
@@ -1096,13 +1187,13 @@ class Instance:
             for _ in range(MARKER_ATTEMPTS - 1):
                 try:
                     return _Marked(writer, producer, producer.commit(markers))
-                except ProducerFenced:
+                except TaskLost:
                     raise
                 except TransactionError as error:
                     # Aborted (commit aborts a failed transaction): readers never see it.
                     log.warning("task %d: epoch marker not written (%s): again", task, error)
             return _Marked(writer, producer, producer.commit(markers))
-        except ProducerFenced:
+        except TaskLost:
             producer.close()
             raise
 

@@ -49,6 +49,14 @@ class InstanceMetrics:
             namespace=NAMESPACE,
             registry=self.registry,
         )
+        self.late_rows = Counter(
+            "late_rows",
+            "Input rows a StatefulProcessor pipeline (EventTime) dropped as late, at or below "
+            "their task's watermark (Spark's numRowsDroppedByWatermark), per task.",
+            ["task"],
+            namespace=NAMESPACE,
+            registry=self.registry,
+        )
         self.batch_duration = Histogram(
             "batch_duration_seconds",
             "Wall time of a micro-batch, from reading its input to committing it.",
@@ -131,6 +139,10 @@ class InstanceMetrics:
         for reason in reasons:
             self.dead_letters.labels(reason=reason).inc()
 
+    def count_late_rows(self, task: TaskId, rows: int) -> None:
+        if rows:
+            self.late_rows.labels(task=str(task)).inc(rows)
+
     def observe_batch(self, seconds: float) -> None:
         self.batch_duration.observe(seconds)
 
@@ -156,7 +168,12 @@ class InstanceMetrics:
     def forget_task(self, task: TaskId) -> None:
         """Drop every per-task series of `task` (the instance no longer holds it)."""
         label = str(task)
-        for metric in (self.records_processed, self.restore_records, self.restore_rate):
+        for metric in (
+            self.records_processed,
+            self.restore_records,
+            self.restore_rate,
+            self.late_rows,
+        ):
             self._remove(metric, label)
         for role in TaskRole:
             self._remove(self.task_lag, label, role.value)

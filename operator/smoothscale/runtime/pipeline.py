@@ -1,7 +1,8 @@
 """The programming model: what a user's pipeline is and how the runtime finds it.
 
-A pipeline is a module with a factory function returning a `Pipeline`; the StreamingApp names it
-as "module:callable" (docs/programming-model.md). Each micro-batch, the runtime decodes the
+A pipeline is a module with a factory function returning a `Pipeline`, or a `ProcessorPipeline`
+(a pyspark StatefulProcessor, smoothscale.runtime.processor); the StreamingApp names it as
+"module:callable" (docs/programming-model.md). Each micro-batch, the runtime decodes the
 input records with `value_schema`, hands the decoded batch of the instance's active tasks to
 `aggregate` (Spark, vectorised: one update per (partition, key)), then calls `apply` on the
 driver for each update with the key's old state from its task's store. New states and outputs
@@ -16,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+
+    from smoothscale.runtime.processor.pipeline import PreparedProcessor
 
 Output = tuple[str, Any]
 """An output record: its key, and a JSON-able value."""
@@ -66,8 +69,12 @@ class Pipeline:
             raise PipelineError("Pipeline.aggregate and Pipeline.apply must be callables")
 
 
-def load_pipeline(ref: str) -> Pipeline:
-    """Import "module:callable", call the factory, and return the Pipeline it builds."""
+def load_pipeline(ref: str) -> "Pipeline | PreparedProcessor":
+    """Import "module:callable", call the factory, and return the Pipeline it builds, or the
+    ProcessorPipeline it builds checked and prepared (`ProcessorRefused`, a PipelineError,
+    says what smoothscale cannot run)."""
+    from smoothscale.runtime.processor.pipeline import ProcessorPipeline, prepare
+
     module_name, separator, attribute = ref.partition(":")
     if not separator or not module_name or not attribute:
         raise PipelineError(
@@ -104,9 +111,12 @@ def load_pipeline(ref: str) -> Pipeline:
     except ValueError:
         pass  # a builtin without a signature: let the call itself tell
     pipeline = factory()
+    if isinstance(pipeline, ProcessorPipeline):
+        return prepare(pipeline)
     if not isinstance(pipeline, Pipeline):
         raise PipelineError(
             f"{ref!r} returned a {type(pipeline).__name__}, not a smoothscale Pipeline "
-            "(smoothscale.runtime.pipeline.Pipeline)"
+            "(smoothscale.runtime.pipeline.Pipeline) or ProcessorPipeline "
+            "(smoothscale.runtime.processor.ProcessorPipeline)"
         )
     return pipeline

@@ -154,6 +154,15 @@ class TaskState:
             if isinstance(key, bytes) and isinstance(value, bytes):
                 yield key, value
 
+    def scan(self, store: str, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """The live keys of `store` that start with `prefix`, with their values, in key order
+        (a range read: the processor state's timers, TTL deadlines and map entries)."""
+        for key, value in self._families[store].items(from_key=prefix):
+            if not isinstance(key, bytes) or not key.startswith(prefix):
+                break
+            if isinstance(value, bytes):
+                yield key, value
+
     def _meta(self, key: str) -> bytes | None:
         value = self._families[_META].get(key.encode())
         return value if isinstance(value, bytes) else None
@@ -231,24 +240,28 @@ class TaskState:
                 if current in reclaimed[key]:
                     batch.delete(key, self._handles[store])
                     batch.delete(key, self._handles[store + _RECORDS])
+        put, delete = batch.put, batch.delete
         for store, entries in changes.entries.items():
             values, records = self._handles[store], self._handles[store + _RECORDS]
             for key, entry in entries.items():
                 if entry is None:
-                    batch.delete(key, values)
-                    batch.delete(key, records)
+                    delete(key, values)
+                    delete(key, records)
                     continue
-                batch.put(key, entry.record_key, records)
-                if entry.value is None:
-                    batch.delete(key, values)
+                record_key, value = entry
+                put(key, record_key, records)
+                if value is None:
+                    delete(key, values)
                 else:
-                    batch.put(key, entry.value, values)
+                    put(key, value, values)
         for store, record_keys in changes.garbage.items():
+            garbage = (_GARBAGE + store + "/").encode()
             for record_key in record_keys:
-                batch.put((_GARBAGE + store + "/").encode() + record_key, b"", meta)
+                put(garbage + record_key, b"", meta)
         for store, record_keys in changes.collected.items():
+            garbage = (_GARBAGE + store + "/").encode()
             for record_key in record_keys:
-                batch.delete((_GARBAGE + store + "/").encode() + record_key, meta)
+                delete(garbage + record_key, meta)
         numbers = {
             _POSITION: changes.positions,
             _VERIFIED: changes.verified,

@@ -6,10 +6,13 @@ its open transaction. One micro-batch of one task is one transaction: the change
 the keys it changed, the input-position record, the output records and the task's dead letters.
 Nothing is applied to the local store before the transaction has committed.
 
-A fenced producer's commit raises ProducerFenced, so that its instance stops the task (and
-only that task). The local stack's Kafka front fences as Kafka does; the mock brokers behind it
-do not (../shared/ENVIRONMENT.md), and correctness never depends on fencing alone: see the
-epochs in `changelog` and docs/runtime.md.
+A fenced producer's commit raises ProducerFenced, and a commit that does not finish (Kafka
+does not answer) CommitOutcomeUnknown: both are TaskLost, on which the instance stops the task
+(and only that task) and its next owner restores it from the changelog, which alone knows
+whether the last transaction committed. A commit or an abort that times out is called again,
+never followed by another transactional call (see END_CALLS). The local stack's Kafka front
+fences as Kafka does; the mock brokers behind it do not (../shared/ENVIRONMENT.md), and
+correctness never depends on fencing alone: see the epochs in `changelog` and docs/runtime.md.
 """
 
 import contextlib
@@ -24,7 +27,16 @@ from smoothscale.runtime.changelog import EPOCH_HEADER, ChangelogRecord, Headers
 from smoothscale.runtime.config import WorkerConfig
 from smoothscale.tasks import TaskId
 
+END_CALLS = 3
+"""How many times commit_transaction or abort_transaction is called for one transaction, each
+with the producer's timeout. A call that times out leaves its request in flight (librdkafka's
+retriable _TIMED_OUT, "retry call to resume"): only the same call resumes it, and any other
+transactional call meanwhile is refused as conflicting. On Kafka the transaction ends by itself
+at transaction.timeout.ms (60 s here), so the calls end by then with an answer."""
+
 _ANY_PARTITION = -1
+_OUTPUT_ENCODER = json.JSONEncoder(separators=(",", ":"))
+"""One encoder for every output (json.dumps with options builds one per call)."""
 """Let the producer's partitioner choose (librdkafka's RD_KAFKA_PARTITION_UA)."""
 
 OutputRecord = tuple[str, Any]
@@ -35,9 +47,20 @@ class TransactionError(RuntimeError):
     """A task's transaction did not commit; nothing of it is visible to read_committed readers."""
 
 
-class ProducerFenced(TransactionError):
+class TaskLost(TransactionError):
+    """The producer can write nothing more for the task, and what it wrote last is what the
+    task's changelog says: its instance must stop the task (and only that task), and whoever
+    owns it next restores it from the changelog."""
+
+
+class ProducerFenced(TaskLost):
     """Kafka refused the transaction because a newer producer of the task's transactional.id
     was initialised: another instance has taken the task over."""
+
+
+class CommitOutcomeUnknown(TaskLost):
+    """commit_transaction did not finish (Kafka did not answer in time, or the producer failed
+    fatally): the transaction may yet commit, or not. Nothing but the changelog can say which."""
 
 
 _FENCED_CODES = frozenset(
@@ -53,6 +76,8 @@ class TaskProducer:
         self.epoch = epoch
         self._timeout = timeout
         self._changelog_topics = config.changelog_topics()
+        self._aborting = False
+        """An abort timed out: its request is still in flight, to finish before a new begin."""
         self._output_topic = config.output_topic
         self.delivered_offsets: dict[str, list[int]] = {}
         """Per store, the changelog offsets of the last committed transaction's records, in
@@ -103,6 +128,7 @@ class TaskProducer:
                 offsets.setdefault(store, []).append(offset)
 
         epoch_header: Headers = [(EPOCH_HEADER, str(self.epoch).encode())]
+        self._finish_abort()
         try:
             self._producer.begin_transaction()
             for store, records in changelog.items():
@@ -120,7 +146,7 @@ class TaskProducer:
                 self._produce(
                     self._output_topic,
                     key=key.encode(),
-                    value=json.dumps(value, separators=(",", ":")).encode(),
+                    value=_OUTPUT_ENCODER.encode(value).encode(),
                     headers=epoch_header,
                     on_delivery=on_delivery,
                     partition=_ANY_PARTITION,
@@ -131,14 +157,13 @@ class TaskProducer:
                 raise TransactionError(f"task {self.task}: records not delivered in time")
             if failures:
                 raise _failed(self.task, "Kafka refused a record", failures[0])
-            self._producer.commit_transaction(self._timeout)
-        except TransactionError:
-            self._abort()
-            raise
         except KafkaException as error:
             self._abort()
-            cause = error.args[0] if error.args else error
-            raise _failed(self.task, "the transaction failed", cause) from error
+            raise _failed(self.task, "the transaction failed", _cause(error)) from error
+        except BaseException:
+            self._abort()
+            raise
+        self._end_transaction()
         self.delivered_offsets = {store: sorted(found) for store, found in offsets.items()}
         return delivered
 
@@ -179,16 +204,76 @@ class TaskProducer:
             except BufferError:
                 self._producer.poll(0.1)
 
+    def _end_transaction(self) -> None:
+        """Commit the open transaction. Raises TransactionError when it was aborted (nothing of
+        it visible), ProducerFenced when Kafka fenced the producer, and CommitOutcomeUnknown
+        when it neither committed nor failed in END_CALLS calls."""
+        try:
+            _call_to_its_end(self._producer.commit_transaction, self._timeout)
+        except KafkaException as error:
+            cause = _cause(error)
+            failed = _failed(self.task, "the transaction's commit failed", cause)
+            if isinstance(failed, ProducerFenced):
+                raise failed from error
+            if isinstance(cause, KafkaError) and cause.txn_requires_abort():
+                self._abort()
+                raise failed from error
+            raise CommitOutcomeUnknown(
+                f"task {self.task}: the commit of its transaction did not finish ({cause}): it "
+                "may yet commit or not, and only the changelog can say which; giving the task "
+                "up, so that its next owner restores it from there"
+            ) from error
+
     def _abort(self) -> None:
-        # A fenced or fatally failed producer cannot abort; the broker aborts for it.
-        with contextlib.suppress(KafkaException):
-            self._producer.abort_transaction(self._timeout)
+        """Abort the open transaction. One whose abort has not finished yet is aborted again
+        before the next transaction begins; a fenced or fatally failed producer cannot abort,
+        and Kafka aborts for it."""
+        self._aborting = True
+        try:
+            _call_to_its_end(self._producer.abort_transaction, self._timeout)
+        except KafkaException as error:
+            cause = _cause(error)
+            if isinstance(cause, KafkaError) and cause.retriable():
+                return
+        self._aborting = False
+
+    def _finish_abort(self) -> None:
+        if not self._aborting:
+            return
+        try:
+            _call_to_its_end(self._producer.abort_transaction, self._timeout)
+        except KafkaException as error:
+            cause = _cause(error)
+            if isinstance(cause, KafkaError) and cause.retriable():
+                raise TransactionError(
+                    f"task {self.task}: its previous transaction is still being aborted "
+                    f"({cause}); nothing of it is visible, and no new one can begin yet"
+                ) from error
+        self._aborting = False
 
     def close(self) -> None:
         # A producer Kafka fenced (or failed fatally) raises from flush: nothing of it is left
         # to deliver, and closing it must not fail whoever lets it go.
         with contextlib.suppress(KafkaException):
             self._producer.flush(self._timeout)
+
+
+def _call_to_its_end(call: Callable[[float], None], timeout: float) -> None:
+    """commit_transaction or abort_transaction, called again while it times out (see
+    END_CALLS); raises the KafkaException of the last call."""
+    for calls in range(1, END_CALLS + 1):
+        try:
+            call(timeout)
+            return
+        except KafkaException as error:
+            cause = _cause(error)
+            timed_out = isinstance(cause, KafkaError) and cause.code() == KafkaError._TIMED_OUT
+            if calls == END_CALLS or not timed_out:
+                raise
+
+
+def _cause(error: KafkaException) -> object:
+    return error.args[0] if error.args else error
 
 
 def _failed(task: TaskId, what: str, error: object) -> TransactionError:

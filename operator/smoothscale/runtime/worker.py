@@ -8,8 +8,11 @@ The query reads exactly the active tasks' input partitions (the instance rewrite
 plan file whenever its active set changes). Each micro-batch, `MicroBatch` keeps only rows at or
 after each task's input position, decodes them (bad rows become dead letters), runs the
 pipeline's aggregation in Spark, collects the per-key updates to the driver and hands them to
-the instance, which commits one transaction per task. The Spark checkpoint is not a source of
-truth (input positions live in each task's state), so every run gets a fresh one.
+the instance, which commits one transaction per task. For a processor pipeline (a pyspark
+StatefulProcessor) it collects the decoded rows instead, per task, and the instance runs the
+processor over each task's rows; the main thread also runs, at each trigger, the batches
+without input that a processor's timers, TTL or watermark call for. The Spark checkpoint is not
+a source of truth (input positions live in each task's state), so every run gets a fresh one.
 """
 
 import faulthandler
@@ -23,16 +26,18 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from smoothscale.runtime.config import WorkerConfig
-from smoothscale.runtime.decode import classify
+from smoothscale.runtime.decode import JsonInput, classify
 from smoothscale.runtime.instance import TICK_LOCK_SECONDS, BatchInput, DeadLetterSender, Instance
 from smoothscale.runtime.metrics import InstanceMetrics, start_http_server
 from smoothscale.runtime.pipeline import Pipeline, load_pipeline
+from smoothscale.runtime.processor import PreparedProcessor
 from smoothscale.runtime.source import BATCH_INTERVAL_OPTION
 
 if TYPE_CHECKING:
+    import pandas as pd
     from confluent_kafka import Producer
     from pyspark.sql import Column, DataFrame, Row, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
@@ -51,9 +56,14 @@ WARM_UP_TIMEOUT_SECONDS = 120.0
 class MicroBatch:
     """The foreachBatch function: one micro-batch from Spark rows to the instance's commit."""
 
-    def __init__(self, instance: Instance, pipeline: Pipeline, metrics: InstanceMetrics):
+    def __init__(
+        self, instance: Instance, pipeline: Pipeline | PreparedProcessor, metrics: InstanceMetrics
+    ):
         self.instance = instance
         self.pipeline = pipeline
+        self.input: JsonInput = (
+            pipeline.json_input if isinstance(pipeline, PreparedProcessor) else pipeline
+        )
         self.metrics = metrics
 
     def __call__(self, batch: "DataFrame", batch_id: int) -> None:
@@ -75,7 +85,7 @@ class MicroBatch:
         if not read_from:
             return
         # The rows are read from the source and parsed once, for every job of the batch.
-        classified = classify(batch.where(_at_or_after(read_from)), self.pipeline).persist()
+        classified = classify(batch.where(_at_or_after(read_from)), self.input).persist()
         try:
             collected = self._collect(classified, batch.columns)
             if collected is None:
@@ -98,7 +108,7 @@ class MicroBatch:
         rows = batch.where(_at_or_after(sample))
         if rows.isEmpty():
             return  # planned before the sample was: the next batch reads it
-        classified = classify(rows, self.pipeline).persist()
+        classified = classify(rows, self.input).persist()
         try:
             collected = self._collect(classified, batch.columns)
         except Exception:
@@ -112,8 +122,8 @@ class MicroBatch:
         self.instance.warmed.set()
 
     def _collect(self, classified: "DataFrame", columns: list[str]) -> BatchInput | None:
-        """The batch's updates, dead letters and input ranges per task, from its classified
-        rows (`columns`: the source's)."""
+        """The batch's updates (a processor pipeline: its decoded rows), dead letters and input
+        ranges per task, from its classified rows (`columns`: the source's)."""
         from pyspark.sql import functions as F
 
         from smoothscale.runtime.decode import reason, split
@@ -131,13 +141,23 @@ class MicroBatch:
         if not ranges:
             return None
         rows = classified.select(*columns)
-        good, bad = split(classified, self.pipeline)
+        good, bad = split(classified, self.input)
         # Bad records are rare: a Spark job fetches them only when the ranges counted some (a
         # small batch costs Spark mostly per job, docs/runtime.md, A micro-batch).
         bad_rows = bad.collect() if any(row["bad"] for row in ranges) else []
-        updates, poisoned = self._aggregate(rows, good)
-        bad_rows += poisoned
-        collected = BatchInput(records_of=lambda task, key: self._records_of(rows, task, key))
+        collected = BatchInput()
+        pipeline = self.pipeline
+        if isinstance(pipeline, PreparedProcessor):
+            collected.rows = _rows_per_task(pipeline, good)
+            collected.records_at = lambda task, offsets: _records_at(rows, task, offsets)
+        else:
+            updates, poisoned = self._aggregate(pipeline, rows, good)
+            bad_rows += poisoned
+            collected.records_of = lambda task, key: self._records_of(pipeline, rows, task, key)
+            for row in updates:
+                collected.updates.setdefault(int(row["partition"]), []).append(
+                    (str(row["key"]), _plain(row["update"]))
+                )
         for row in ranges:
             task = int(row["partition"])
             collected.ends.setdefault(task, {})[row["topic"]] = int(row["last"]) + 1
@@ -145,15 +165,13 @@ class MicroBatch:
             if row["newest"] is not None:
                 newest = row["newest"].timestamp()
                 collected.newest[task] = max(newest, collected.newest.get(task, newest))
-        for row in updates:
-            collected.updates.setdefault(int(row["partition"]), []).append(
-                (str(row["key"]), _plain(row["update"]))
-            )
         for row in bad_rows:
             collected.dead_letters.setdefault(int(row["partition"]), []).append(row)
         return collected
 
-    def _aggregate(self, rows: "DataFrame", good: "DataFrame") -> "tuple[list[Row], list[Row]]":
+    def _aggregate(
+        self, pipeline: Pipeline, rows: "DataFrame", good: "DataFrame"
+    ) -> "tuple[list[Row], list[Row]]":
         """The pipeline's updates for the batch, and the records it raised on (as dead letters).
 
         When `aggregate` raises in its Python code, the records that make it raise are found
@@ -166,10 +184,10 @@ class MicroBatch:
         from smoothscale.runtime.decode import decode, pipeline_error
 
         try:
-            return self._updates(good), []
+            return self._updates(pipeline, good), []
         except PythonException as error:
             records = rows.collect()
-            poisoned = self._poisoned(rows, records)
+            poisoned = self._poisoned(pipeline, rows, records)
             if not poisoned:
                 raise
             log.warning(
@@ -181,19 +199,20 @@ class MicroBatch:
             )
             spark = rows.sparkSession
             left = [r for r in records if (r["partition"], r["offset"]) not in poisoned]
-            rest, _ = decode(spark.createDataFrame(left, rows.schema), self.pipeline)
+            rest, _ = decode(spark.createDataFrame(left, rows.schema), pipeline)
             dead = [
                 pipeline_error(r, poisoned[(r["partition"], r["offset"])])
                 for r in records
                 if (r["partition"], r["offset"]) in poisoned
             ]
-            return self._updates(rest), dead
+            return self._updates(pipeline, rest), dead
 
-    def _updates(self, good: "DataFrame") -> "list[Row]":
-        return self.pipeline.aggregate(good).select("partition", "key", "update").collect()
+    @staticmethod
+    def _updates(pipeline: Pipeline, good: "DataFrame") -> "list[Row]":
+        return pipeline.aggregate(good).select("partition", "key", "update").collect()
 
     def _poisoned(
-        self, rows: "DataFrame", records: "list[Row]"
+        self, pipeline: Pipeline, rows: "DataFrame", records: "list[Row]"
     ) -> dict[tuple[int, int], BaseException]:
         """The records on which `aggregate` raises on its own, by (partition, offset), with
         the error: the batch halved until each failing part is one record."""
@@ -208,9 +227,9 @@ class MicroBatch:
             if not parts:
                 return found
             part = parts.pop()
-            good, _ = decode(spark.createDataFrame(part, rows.schema), self.pipeline)
+            good, _ = decode(spark.createDataFrame(part, rows.schema), pipeline)
             try:
-                self._updates(good)
+                self._updates(pipeline, good)
             except PythonException as error:
                 if len(part) == 1:
                     found[(part[0]["partition"], part[0]["offset"])] = error
@@ -219,20 +238,39 @@ class MicroBatch:
                     parts += [part[:middle], part[middle:]]
         return {} if parts else found  # out of probes: too many to be about single records
 
-    def _records_of(self, rows: "DataFrame", task: int, key: str) -> "list[Row]":
+    @staticmethod
+    def _records_of(pipeline: Pipeline, rows: "DataFrame", task: int, key: str) -> "list[Row]":
         """The batch's records of `key` in partition `task`, as the source read them."""
         from pyspark.sql import functions as F
 
         from smoothscale.runtime.decode import decode
 
-        good, _ = decode(rows.where(F.col("partition") == task), self.pipeline)
-        column = self.pipeline.key_column
+        good, _ = decode(rows.where(F.col("partition") == task), pipeline)
+        column = pipeline.key_column
         offsets = [
             row["offset"] for row in good.where(F.col(column) == key).select("offset").collect()
         ]
-        if not offsets:
-            return []
-        return rows.where((F.col("partition") == task) & F.col("offset").isin(offsets)).collect()
+        return _records_at(rows, task, offsets)
+
+
+def _rows_per_task(prepared: PreparedProcessor, good: "DataFrame") -> "dict[int, pd.DataFrame]":
+    """A processor pipeline's input: per task, its decoded good records (the value schema's
+    fields and their offset), in input (offset) order, in one Spark job."""
+    frame = cast("pd.DataFrame", good.orderBy("partition", "offset").toPandas())
+    columns = [*prepared.value_schema.names, "offset"]
+    return {
+        int(task): part[columns].reset_index(drop=True)
+        for task, part in frame.groupby("partition", sort=True)
+    }
+
+
+def _records_at(rows: "DataFrame", task: int, offsets: list[int]) -> "list[Row]":
+    """The batch's records of partition `task` at `offsets`, as the source read them."""
+    from pyspark.sql import functions as F
+
+    if not offsets:
+        return []
+    return rows.where((F.col("partition") == task) & F.col("offset").isin(offsets)).collect()
 
 
 PROBE_BUDGET = 100
@@ -298,7 +336,9 @@ ALL_ADDRESSES = "0.0.0.0"
 EXIT_BATCH_UNFINISHED = 3
 """The worker's exit code when it stopped with a micro-batch still running (a hung pipeline)."""
 
-EngineStarter = Callable[[WorkerConfig, Instance, Pipeline, InstanceMetrics], Engine]
+EngineStarter = Callable[
+    [WorkerConfig, Instance, Pipeline | PreparedProcessor, InstanceMetrics], Engine
+]
 
 
 def run_worker(config: WorkerConfig, start_engine: "EngineStarter | None" = None) -> int:
@@ -333,12 +373,18 @@ def run_worker(config: WorkerConfig, start_engine: "EngineStarter | None" = None
         metrics.set_ready(True)
         log.info("instance %s ready", config.instance_id)
         keep_warm = KeepWarm(instance)
+        triggered = time.monotonic()
         while stop.signal is None and not instance.replaced:
             failure = engine.failure()
             if failure is not None:
                 raise RuntimeError(f"the micro-batches stopped: {failure}")
             instance.tick()
             keep_warm.tick()
+            if time.monotonic() - triggered >= config.trigger_interval:
+                # At each trigger, as Spark plans a batch without data (none comes from the
+                # source: it has no new input).
+                triggered = time.monotonic()
+                instance.run_due_without_input()
             time.sleep(TICK_SECONDS)
         reason = "its pod replaced" if instance.replaced else stop.signal
         log.info("instance %s stopping: %s", config.instance_id, reason)
@@ -469,7 +515,7 @@ class SparkQuery:
         cls,
         config: WorkerConfig,
         instance: Instance,
-        pipeline: Pipeline,
+        pipeline: Pipeline | PreparedProcessor,
         metrics: InstanceMetrics,
     ) -> "SparkQuery":
         """Start Spark and the query, with a fresh checkpoint (see the module's docstring)."""
