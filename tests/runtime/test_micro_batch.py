@@ -3,6 +3,7 @@ tumbling-window example's struct updates, dead letters in the task's transaction
 tasks not active here, and a batch delivered twice."""
 
 import json
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,7 +25,7 @@ from smoothscale.runtime.metrics import InstanceMetrics
 from smoothscale.runtime.pipeline import Output, Pipeline
 from smoothscale.runtime.source import SCHEMA, read_plan
 from smoothscale.runtime.spark import local_session
-from smoothscale.runtime.worker import KeepWarm, MicroBatch, dead_letter_sender
+from smoothscale.runtime.worker import WARM_UP_ROUNDS, KeepWarm, MicroBatch, dead_letter_sender
 from smoothscale.tasks import TaskRole
 from tests.runtime.instance_helpers import (
     PARTITIONS,
@@ -243,11 +244,15 @@ def test_a_pipeline_that_raises_on_a_whole_large_batch_fails_it_and_commits_noth
 
 
 def test_a_new_instance_warms_its_query_on_a_sample_it_does_not_own_and_commits_nothing(
-    spark: SparkSession, embedded_kafka: EmbeddedKafka, tmp_path: Path
+    spark: SparkSession,
+    embedded_kafka: EmbeddedKafka,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Instance.warm_up puts recent records of a partition it does not own in the plan; the
-    next batch runs the pipeline over them (decode, aggregate) and drops the result; the
-    sample then leaves the plan."""
+    next batch runs the pipeline over them (decode, aggregate), again until a run is no
+    faster (a young JVM), and drops the result; the sample then leaves the plan."""
+    caplog.set_level(logging.INFO, logger="smoothscale.runtime.worker")
     pipeline = counting()
     with active_instance(app_config(embedded_kafka, tmp_path), pipeline) as (
         instance,
@@ -269,8 +274,18 @@ def test_a_new_instance_warms_its_query_on_a_sample_it_does_not_own_and_commits_
         run(spark.createDataFrame(sample, SCHEMA), 1)
         assert instance.warmed.is_set()
         assert instance.warm_up_from() == {}
+        runs = [r.getMessage() for r in caplog.records if "warm-up run" in r.getMessage()]
+        assert 2 <= len(runs) <= WARM_UP_ROUNDS, runs
+        assert all("over 3 sampled records" in message for message in runs), runs
         instance.end_warm_up()
         after = read_plan(instance.plan_path)
+        # A later warm-up (an idle instance keeping its Python workers alive) runs once.
+        caplog.clear()
+        assert instance.warm_up(records=3)
+        run(spark.createDataFrame(sample, SCHEMA), 2)
+        assert instance.warmed.is_set()
+        assert sum("warm-up run" in r.getMessage() for r in caplog.records) == 1
+        instance.end_warm_up()
         state = instance.state_snapshot(0)
 
     assert f"{topic}:1" not in after.partitions
