@@ -28,13 +28,15 @@ def batches_with_hand_overs(
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_the_running_count_ends_at_each_users_total(tmp_path: Path, seed: int) -> None:
+@pytest.mark.parametrize("api", ["pandas", "rows"])
+def test_the_running_count_ends_at_each_users_total(tmp_path: Path, seed: int, api: str) -> None:
     chooser = random.Random(seed)
     rows = [{"user": chooser.choice("abcde")} for _ in range(300)]
     cuts = sorted(chooser.sample(range(1, 300), 9))
     batches = [rows[a:b] for a, b in zip([0, *cuts], [*cuts, 300], strict=True)]
+    pipeline = running_count.pipeline() if api == "pandas" else running_count.rows_pipeline()
 
-    outputs = batches_with_hand_overs(tmp_path, running_count.pipeline(), batches, {3, 7})
+    outputs = batches_with_hand_overs(tmp_path, pipeline, batches, {3, 7})
 
     last = {user: value["count"] for user, value in outputs}
     assert last == Counter(row["user"] for row in rows)

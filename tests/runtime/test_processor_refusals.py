@@ -73,6 +73,7 @@ def pipeline(processor: Any = None, **changes: Any) -> ProcessorPipeline:
 
 def test_the_examples_are_accepted() -> None:
     assert prepare(running_count.pipeline()).time_mode.name == "NONE"
+    assert prepare(running_count.rows_pipeline()).takes_rows
     prepared = prepare(session_windows.pipeline())
     assert prepared.watermark_delay_ms == 10_000
     assert set(prepared.variables) == {"session"}
@@ -96,6 +97,8 @@ def test_the_examples_are_accepted() -> None:
         ({"event_time_column": "ts"}, "EventTime only"),
         ({"time_mode": "EventTime"}, "needs an event-time column"),
         ({"time_mode": "EventTime", "event_time_column": "user"}, "must be a TIMESTAMP"),
+        ({"api": "applyInPandasWithState"}, "api 'applyInPandasWithState'"),
+        ({"initial_state": object()}, "initial_state .* is not supported"),
     ],
 )
 def test_a_part_smoothscale_cannot_honour_is_refused_and_named(

@@ -1,7 +1,8 @@
-"""The three example StatefulProcessors end to end through the worker's micro-batch on real
+"""The example StatefulProcessors end to end through the worker's micro-batch on real
 PySpark (in-process: the worker's `MicroBatch` over the source's rows, two instances over the
 embedded Kafka, a hand-over of task 1 in the middle), and the same input through plain
-`transformWithStateInPandas` (RocksDB state store, one query) as the reference.
+`transformWithStateInPandas` (or `transformWithState` for the Row-based running count; RocksDB
+state store, one query) as the reference.
 
 What is compared, record by record, and why it must agree whatever the batches:
 - running count: the last count emitted per user (the processor emits a user's total in every
@@ -26,6 +27,7 @@ from typing import Any
 import pytest
 from examples.processors.deduplicate import pipeline as deduplicate
 from examples.processors.running_count import pipeline as running_count
+from examples.processors.running_count import rows_pipeline as running_count_rows
 from examples.processors.session_windows import pipeline as session_windows
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -88,6 +90,12 @@ USERS = ["ann", "bob", "cid", "dee", "eve", "fay"]
 EXAMPLES = {
     "running_count": Example(
         running_count, "user", [{"user": USERS[i * 7 % 6]} for i in range(60)], last_count_per_user
+    ),
+    "running_count_rows": Example(
+        running_count_rows,
+        "user",
+        [{"user": USERS[i * 5 % 6]} for i in range(40)],
+        last_count_per_user,
     ),
     "deduplicate": Example(
         deduplicate,
@@ -214,9 +222,14 @@ def plain_spark(
                 pipeline.event_time_column, f"{prepared.watermark_delay_ms} milliseconds"
             )
         table = f"reference_{abs(hash(directory))}"
+        grouped = frame.groupBy(*pipeline.grouping_columns)
+        transform = (
+            grouped.transformWithState
+            if prepared.takes_rows
+            else grouped.transformWithStateInPandas
+        )
         query = (
-            frame.groupBy(*pipeline.grouping_columns)
-            .transformWithStateInPandas(
+            transform(
                 statefulProcessor=pipeline.processor,
                 outputStructType=prepared.output_schema,
                 outputMode=pipeline.output_mode,

@@ -2,7 +2,8 @@
 
 The order is Spark's (TransformWithStateExec, one partition): a copy of the processor gets
 init(handle); handleInputRows runs once per grouping key of the batch, keys in ascending
-order, each with an iterator of pandas DataFrames of its rows in input order; then
+order, each with an iterator of its rows in input order (pandas DataFrames for
+transformWithStateInPandas, pyspark Rows for transformWithState); then
 handleExpiredTimer for each timer due (processing time: at or before the batch's time; event
 time: at or before the task's watermark), in time order, each deleted once its handler has
 run; then close(); then the values whose TTL has passed are evicted. The result is the
@@ -18,7 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
+from pyspark.sql import Row
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
+from pyspark.sql.types import StructType
 
 from smoothscale.runtime.processor import keyspace
 from smoothscale.runtime.processor.codec import from_json, output_json, plain, to_json
@@ -223,20 +226,27 @@ def _epoch_ms(times: pd.Series) -> pd.Series:
 
 def _groups(
     prepared: PreparedProcessor, rows: pd.DataFrame
-) -> Iterator[tuple[tuple[Any, ...], Iterator[pd.DataFrame]]]:
+) -> Iterator[tuple[tuple[Any, ...], Iterator[Any]]]:
     """Per grouping key, ascending: the key as a tuple, and its rows (the value schema's
-    columns, input order) in DataFrames of at most ROWS_PER_FRAME rows."""
+    columns, input order): DataFrames of at most ROWS_PER_FRAME rows, or Rows."""
     if rows.empty:
         return
     columns = list(prepared.pipeline.grouping_columns)
-    values = rows[prepared.value_schema.names]
+    names = prepared.value_schema.names
+    values = rows[names]
     for key, group in values.groupby(columns, sort=True, dropna=False):
         as_tuple = key if isinstance(key, tuple) else (key,)
+        grouping = tuple(plain(part) for part in as_tuple)
+        if prepared.takes_rows:
+            row = Row(*names)
+            records = group.astype(object).where(group.notna(), None)
+            yield grouping, (row(*map(plain, r)) for r in records.itertuples(index=False))
+            continue
         frames = [
             group.iloc[start : start + ROWS_PER_FRAME].reset_index(drop=True)
             for start in range(0, len(group), ROWS_PER_FRAME)
         ]
-        yield tuple(plain(part) for part in as_tuple), iter(frames)
+        yield grouping, iter(frames)
 
 
 def _fire_timers(
@@ -314,12 +324,23 @@ def _expired(deadline: int | None, batch_time: int) -> bool:
 
 
 def _outputs(prepared: PreparedProcessor, key: tuple[Any, ...], emitted: Any) -> list[Output]:
-    """The output records of what a handler returned (an iterator of pandas DataFrames whose
-    columns are the output schema's fields, by name, or by position when not named)."""
+    """The output records of what a handler returned: an iterator of pandas DataFrames whose
+    columns are the output schema's fields, by name, or by position when not named; or, for
+    transformWithState, of Rows, by field name (a field a Row lacks is null, as in Spark)."""
     schema = prepared.output_schema
     record_key = output_key(prepared, key)
-    records: list[Output] = []
-    for emitted_frame in _frames(emitted):
+    rows = _rows(schema, emitted) if prepared.takes_rows else _frame_rows(schema, _frames(emitted))
+    return [
+        (
+            record_key,
+            {f.name: output_json(f.dataType, v) for f, v in zip(schema.fields, row, strict=True)},
+        )
+        for row in rows
+    ]
+
+
+def _frame_rows(schema: StructType, frames: Iterator[pd.DataFrame]) -> Iterator[tuple[Any, ...]]:
+    for emitted_frame in frames:
         frame = emitted_frame
         if all(isinstance(column, str) for column in frame.columns):
             missing = [name for name in schema.names if name not in frame.columns]
@@ -334,12 +355,7 @@ def _outputs(prepared: PreparedProcessor, key: tuple[Any, ...], emitted: Any) ->
                 f"an output DataFrame has {len(frame.columns)} columns, the output schema "
                 f"{len(schema.fields)}"
             )
-        for row in frame.itertuples(index=False, name=None):
-            value = {
-                f.name: output_json(f.dataType, v) for f, v in zip(schema.fields, row, strict=True)
-            }
-            records.append((record_key, value))
-    return records
+        yield from frame.itertuples(index=False, name=None)
 
 
 def _frames(emitted: Iterable[Any] | None) -> Iterator[pd.DataFrame]:
@@ -347,9 +363,22 @@ def _frames(emitted: Iterable[Any] | None) -> Iterator[pd.DataFrame]:
         if not isinstance(frame, pd.DataFrame):
             raise TypeError(
                 f"a handler yielded a {type(frame).__name__}: transformWithStateInPandas "
-                "processors yield pandas DataFrames"
+                "processors yield pandas DataFrames (a transformWithState processor, which "
+                "yields Rows, needs api='transformWithState' in its ProcessorPipeline)"
             )
         yield frame
+
+
+def _rows(schema: StructType, emitted: Iterable[Any] | None) -> Iterator[tuple[Any, ...]]:
+    """The values of the output schema's fields, by name, of each Row a handler yielded."""
+    for row in emitted or ():
+        if not isinstance(row, Row) or not hasattr(row, "__fields__"):
+            raise TypeError(
+                f"a handler yielded {row!r}: transformWithState processors yield Rows with "
+                "field names, e.g. Row(user=key[0], count=n)"
+            )
+        values = row.asDict(recursive=True)
+        yield tuple(values.get(name) for name in schema.names)
 
 
 def output_key(prepared: PreparedProcessor, key: tuple[Any, ...]) -> str:

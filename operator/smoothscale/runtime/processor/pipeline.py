@@ -1,9 +1,10 @@
 """A pipeline that is a pyspark StatefulProcessor, and the checks that refuse it at start.
 
 The factory a StreamingApp names returns a `ProcessorPipeline` holding what the user gives
-Spark: the processor (the instance passed to transformWithStateInPandas), the grouping key
-(df.groupBy(...)), the output schema (outputStructType), outputMode, timeMode and, for event
-time, the event-time column and the watermark delay (df.withWatermark(column, delay)).
+Spark: the processor (the instance passed to transformWithStateInPandas, or to the Row-based
+transformWithState), the grouping key (df.groupBy(...)), the output schema
+(outputStructType), outputMode, timeMode and, for event time, the event-time column and the
+watermark delay (df.withWatermark(column, delay)).
 `prepare` checks it once, before any batch, and says which part smoothscale cannot honour.
 """
 
@@ -27,6 +28,9 @@ from smoothscale.runtime.processor.state import (
     SchemaParser,
     TimeMode,
 )
+
+PANDAS_API = "transformWithStateInPandas"
+ROW_API = "transformWithState"
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,11 @@ class ProcessorPipeline:
     watermark_delay: str | datetime.timedelta = datetime.timedelta(0)
     """For EventTime: how far the watermark trails the newest event time (Spark's
     withWatermark delay, e.g. "10 seconds")."""
+    api: str = PANDAS_API
+    """The method the Spark job calls: transformWithStateInPandas (the handlers take and yield
+    pandas DataFrames) or transformWithState (they take and yield pyspark Rows)."""
+    initial_state: object = None
+    """transformWithState's initialState: refused (see prepare)."""
 
     @property
     def grouping_columns(self) -> tuple[str, ...]:
@@ -86,6 +95,11 @@ class PreparedProcessor:
     @property
     def processor(self) -> StatefulProcessor:
         return self.pipeline.processor
+
+    @property
+    def takes_rows(self) -> bool:
+        """Whether the handlers take and yield Rows (transformWithState), not DataFrames."""
+        return self.pipeline.api == ROW_API
 
     @property
     def store(self) -> str:
@@ -145,6 +159,18 @@ def prepare(
         )
         raise ProcessorRefused(
             f"processor is a {type(what).__name__}, not a pyspark StatefulProcessor instance{hint}"
+        )
+    if pipeline.api not in (PANDAS_API, ROW_API):
+        raise ProcessorRefused(
+            f"api {pipeline.api!r}: name the method the Spark job calls, {PANDAS_API!r} or "
+            f"{ROW_API!r}"
+        )
+    if pipeline.initial_state is not None:
+        raise ProcessorRefused(
+            "initial_state (the initialState of transformWithState) is not supported: a grouping "
+            "key's state lives in the task of the Kafka partition its records arrive on, which "
+            "initial-state rows do not say. Write the initial state to the input topic as "
+            "records the processor folds in, keyed as the input is"
         )
     time_mode = _time_mode(pipeline.time_mode)
     if pipeline.output_mode.lower() not in {"append", "update"}:
