@@ -37,8 +37,7 @@ from smoothscale.planner.model import (
 from smoothscale.tasks import TaskId, TaskRole
 
 _ROLE_RANK = {TaskRole.STANDBY: 0, TaskRole.WARMUP: 1}
-"""Among equally caught-up candidates, a standby before a warm-up before anyone else."""
-_NO_ROLE_RANK = 2
+"""Among caught-up replicas a task's balanced target may be, a standby before a warm-up."""
 
 
 def plan(state: ClusterState) -> Plan:
@@ -329,10 +328,12 @@ def _most_caught_up(
 ) -> InstanceId:
     """The kept instance best placed to take `task` over now.
 
-    Ready instances first. Among those, any caught-up one (the balanced target first, then a
-    standby, then a warm-up, then by id: all of them can take over now, and the target saves a
-    later move); then the smallest known lag (a standby, then a warm-up, then the target on a
-    tie); instances that have no state for the task last (the target first, then by id).
+    Ready instances first. Among those, any caught-up one (the balanced target first, then by
+    id: all of them can take over now, and the target saves a later move); then the smallest
+    known lag (the target, then by id, on a tie); instances that have no state for the task
+    last (the target first, then by id). A standby and a warm-up of the same lag are as good:
+    ranking them would let a re-plan, once the plan has turned the warm-up into a standby,
+    pick another instance for the same task.
     """
     acceptable = view.config.acceptable_recovery_lag
     candidates = {goal, view.kept[0]}
@@ -341,17 +342,15 @@ def _most_caught_up(
     candidates.update(i for i, _ in view.replicas.get(task, ()))
     candidates.update(view.reported.get(task, ()))
 
-    def rank(instance: InstanceId) -> tuple[int, int, int, int, int, InstanceId]:
+    def rank(instance: InstanceId) -> tuple[int, int, int, int, InstanceId]:
         not_ready = 0 if view.instances[instance].ready else 1
         lag = view.lag(instance, task)
-        role = view.role(instance, task)
-        role_rank = _ROLE_RANK.get(role, _NO_ROLE_RANK) if role is not None else _NO_ROLE_RANK
         not_goal = 0 if instance == goal else 1
         if lag is None:  # no state: a replica only just started is no better than none
-            return (not_ready, 2, 0, not_goal, 0, instance)
+            return (not_ready, 2, 0, not_goal, instance)
         if lag <= acceptable:
-            return (not_ready, 0, 0, not_goal, role_rank, instance)
-        return (not_ready, 1, lag, role_rank, not_goal, instance)
+            return (not_ready, 0, 0, not_goal, instance)
+        return (not_ready, 1, lag, not_goal, instance)
 
     return min((i for i in candidates if view.is_kept(i)), key=rank)
 
