@@ -32,6 +32,36 @@ def test_the_scale_out_example_prints_the_first_two_warm_ups_as_json(
     assert printed["unassigned"] == []
 
 
+def test_the_strategy_in_the_state_file_plans_as_the_operator_would(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Cooperative moves nothing to a pod still starting and, once it is ready, hands its
+    tasks over at once, without warm-ups (WarmUp starts warm-ups on it while it starts); a bad
+    name says which names there are."""
+    state = json.loads((EXAMPLES / "scale-out.json").read_text())
+    state["config"]["strategy"] = "Cooperative"
+    path = tmp_path / "cooperative.json"
+    path.write_text(json.dumps(state))
+    code, out, _ = run(capsys, str(path))
+    assert code == 0
+    assert json.loads(out)["moves"] == [], "nothing moves to a pod still starting"
+
+    for instance in state["instances"]:
+        instance["ready"] = True
+    path.write_text(json.dumps(state))
+    code, out, _ = run(capsys, str(path))
+    assert code == 0
+    moves = json.loads(out)["moves"]
+    assert {m["kind"] for m in moves} == {"hand-over"}
+    assert {m["to"] for m in moves} == {"wordcount-2", "wordcount-3"}
+
+    state["config"]["strategy"] = "Eventually"
+    path.write_text(json.dumps(state))
+    code, _, err = run(capsys, str(path))
+    assert code == 2
+    assert "WarmUp" in err and "Cooperative" in err
+
+
 @pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.json")))
 def test_every_example_plans_and_prints_a_table(
     capsys: pytest.CaptureFixture[str], example: str

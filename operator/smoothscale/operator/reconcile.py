@@ -83,7 +83,7 @@ from smoothscale.operator.pods import (
 from smoothscale.operator.policy import AccessPolicy
 from smoothscale.operator.status import Problem, Snapshot, app_status, busy
 from smoothscale.operator.topics import TopicCheck, TopicManager
-from smoothscale.planner.model import PlannerConfig, TaskMoves
+from smoothscale.planner.model import STRATEGY_MOVES, PlannerConfig
 from smoothscale.tasks import TaskId, TaskRole
 
 log = logging.getLogger(__name__)
@@ -115,16 +115,8 @@ def planner_config(scaling: ScalingSpec) -> PlannerConfig:
         acceptable_recovery_lag=scaling.acceptable_recovery_lag,
         max_warmup_replicas=scaling.max_warmup_replicas,
         num_standby_replicas=scaling.num_standby_replicas,
-        moves=_MOVES[scaling.strategy],
+        moves=STRATEGY_MOVES[scaling.strategy],
     )
-
-
-_MOVES = {
-    ScalingStrategy.WARM_UP: TaskMoves.WHEN_CAUGHT_UP,
-    ScalingStrategy.COOPERATIVE: TaskMoves.WHEN_READY,
-    ScalingStrategy.STOP_THE_WORLD: TaskMoves.AT_ONCE,
-    ScalingStrategy.RESTART: TaskMoves.WHEN_READY,
-}
 
 
 def app_path(namespace: str, name: str) -> str:

@@ -12,7 +12,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from smoothscale.planner.model import ClusterState, Instance, Plan, PlannerConfig
+from smoothscale.api.models import ScalingStrategy
+from smoothscale.planner.model import (
+    STRATEGY_MOVES,
+    ClusterState,
+    Instance,
+    Plan,
+    PlannerConfig,
+)
 from smoothscale.tasks import TaskId, TaskRole
 
 
@@ -37,6 +44,10 @@ class ScalingInput(_Schema):
     )
     num_standby_replicas: int = Field(
         default=0, ge=0, description="Hot standby copies per task, beside its active."
+    )
+    strategy: ScalingStrategy = Field(
+        default=ScalingStrategy.WARM_UP,
+        description="When tasks move: WarmUp, Cooperative, Restart or StopTheWorld.",
     )
 
 
@@ -113,6 +124,7 @@ class PlanInput(_Schema):
             acceptable_recovery_lag=self.config.acceptable_recovery_lag,
             max_warmup_replicas=self.config.max_warmup_replicas,
             num_standby_replicas=self.config.num_standby_replicas,
+            moves=STRATEGY_MOVES[self.config.strategy],
         )
         instances = [
             Instance(

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from smoothscale.api.models import ScalingStrategy
 from smoothscale.tasks import TaskId, TaskRole
 
 InstanceId = str
@@ -26,6 +27,16 @@ class TaskMoves(StrEnum):
     KIP-441's warm-ups)."""
     AT_ONCE = "AtOnce"
     """At once, even to a target still starting (strategy StopTheWorld)."""
+
+
+STRATEGY_MOVES = {
+    ScalingStrategy.WARM_UP: TaskMoves.WHEN_CAUGHT_UP,
+    ScalingStrategy.COOPERATIVE: TaskMoves.WHEN_READY,
+    ScalingStrategy.STOP_THE_WORLD: TaskMoves.AT_ONCE,
+    ScalingStrategy.RESTART: TaskMoves.WHEN_READY,
+}
+"""When tasks move under each spec.scaling.strategy (Restart also stops every pod on a change,
+which the operator does around the plan)."""
 
 
 @dataclass(frozen=True)
