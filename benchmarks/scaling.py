@@ -37,7 +37,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 from examples.pipelines.padded_count import PADDING_VARIABLE
+from restoring import restore_seconds
 
 from devstack.demo.scenario import (
     APP_ID,
@@ -63,8 +63,6 @@ from devstack.demo.scenario import (
 )
 from devstack.demo.timeline import TaskTimeline, read_committed
 from smoothscale.runtime.config import WorkerConfig
-from smoothscale.runtime.restore import RestoreLoop
-from smoothscale.runtime.store import TaskState
 
 ROOT = Path(__file__).resolve().parents[1]
 STRATEGIES = ("WarmUp", "Cooperative", "Restart")
@@ -255,7 +253,9 @@ def measure_restore(
     measured: dict[str, float] = {}
     taken: dict[str, tuple[int, int, float]] = {}
     for name, tasks in (("one_task", [0]), ("all_tasks", list(range(options.tasks)))):
-        seconds = statistics.median(restore_seconds(config, tasks) for _ in range(RESTORE_REPEATS))
+        seconds = statistics.median(
+            restore_seconds(config, STORE, tasks) for _ in range(RESTORE_REPEATS)
+        )
         records = sum(changelog.records[t] for t in tasks)
         size = sum(changelog.bytes[t] for t in tasks)
         taken[name] = (records, size, seconds)
@@ -272,36 +272,6 @@ def measure_restore(
         round((all_size - one_size) / MB / beyond, 2) if beyond > 0 else 0.0
     )
     return measured
-
-
-def restore_seconds(config: WorkerConfig, tasks: list[int]) -> float:
-    """Seconds for a restore loop to restore `tasks` into fresh local stores, from following
-    them to having read each changelog partition to its end."""
-    consumer = Consumer({"bootstrap.servers": config.bootstrap_servers, "group.id": "bench"})
-    try:
-        ends = {
-            task: consumer.get_watermark_offsets(TopicPartition(CHANGELOG_TOPIC, task), 10)[1]
-            for task in tasks
-        }
-    finally:
-        consumer.close()
-    config.state_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="restore-", dir=config.state_dir) as state_dir:
-        loop = RestoreLoop(config)
-        loop.start()
-        try:
-            began = time.perf_counter()
-            for task in tasks:
-                loop.follow(TaskState(Path(state_dir), task, config.stores))
-            while True:
-                read = loop.read_positions()
-                if all(read[task][STORE] >= end for task, end in ends.items()):
-                    return time.perf_counter() - began
-                if loop.error is not None or loop.failures():
-                    raise RuntimeError(f"the restore failed: {loop.error or loop.failures()}")
-                time.sleep(0.005)
-        finally:
-            loop.stop()
 
 
 def load_average() -> str:

@@ -46,16 +46,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
+from restoring import restore_seconds
 
 from devstack.kafka.embedded import EmbeddedKafka
 from devstack.stack import free_port
 from smoothscale.kafka import names
 from smoothscale.kafka.assignments import Assignment, AssignmentWriter, TaskAssignment
 from smoothscale.runtime.config import WorkerConfig
-from smoothscale.runtime.restore import RestoreLoop
 from smoothscale.runtime.source import write_plan
 from smoothscale.runtime.spark import local_session
-from smoothscale.runtime.store import TaskState
 from smoothscale.tasks import TaskRole
 
 if TYPE_CHECKING:
@@ -298,36 +297,6 @@ def raw_read_seconds(bootstrap_servers: str, topic: str, partitions: int) -> tup
         consumer.close()
 
 
-def restore_seconds(config: WorkerConfig, partitions: int) -> float:
-    """Seconds for a warm-up's restore loop to restore every task of the changelog into fresh
-    local stores, from following them to having read every partition to its end."""
-    topic = config.changelog_topics()[STORE]
-    consumer = _consumer(config.bootstrap_servers)
-    try:
-        ends = {
-            task: consumer.get_watermark_offsets(TopicPartition(topic, task), timeout=10)[1]
-            for task in range(partitions)
-        }
-    finally:
-        consumer.close()
-    with tempfile.TemporaryDirectory(prefix="restore-", dir=config.state_dir) as state_dir:
-        loop = RestoreLoop(config)
-        loop.start()
-        try:
-            began = time.perf_counter()
-            for task in range(partitions):
-                loop.follow(TaskState(Path(state_dir), task, config.stores))
-            while True:
-                read = loop.read_positions()
-                if all(read[task][STORE] >= end for task, end in ends.items()):
-                    return time.perf_counter() - began
-                if loop.error is not None or loop.failures():
-                    raise RuntimeError(f"the restore failed: {loop.error or loop.failures()}")
-                time.sleep(POLL_SECONDS)
-        finally:
-            loop.stop()
-
-
 def markdown(results: dict[str, Any]) -> str:
     smoothscale, plain = results["smoothscale"], results["plain_spark"]
     restore = results["restore"]
@@ -436,7 +405,7 @@ def main() -> int:
         changelog_records = raw[0][0]
         raw_seconds = statistics.median(seconds for _records, seconds in raw)
         restore = statistics.median(
-            restore_seconds(config, args.partitions) for _ in range(args.repeat)
+            restore_seconds(config, STORE, list(range(args.partitions))) for _ in range(args.repeat)
         )
 
     results = {

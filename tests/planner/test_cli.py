@@ -59,7 +59,8 @@ def test_the_strategy_in_the_state_file_plans_as_the_operator_would(
     path.write_text(json.dumps(state))
     code, _, err = run(capsys, str(path))
     assert code == 2
-    assert "WarmUp" in err and "Cooperative" in err
+    assert "WarmUp" in err
+    assert "Cooperative" in err
 
 
 @pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.json")))
