@@ -260,6 +260,8 @@ class MicroBatch:
             except PythonException as error:
                 if len(part) == 1:
                     found[(part[0]["partition"], part[0]["offset"])] = error
+                    if len(found) > POISONED_AT_MOST:
+                        return {}
                 else:
                     middle = len(part) // 2
                     parts += [part[:middle], part[middle:]]
@@ -304,6 +306,10 @@ PROBE_BUDGET = 100
 """Spark jobs spent at most on finding the records the pipeline raises on, per batch: enough
 for a few such records in a batch of 10,000 (about 2 log2(n) jobs each); more, and the error
 is not about single records, so the batch fails as it did."""
+POISONED_AT_MOST = 8
+"""Records found raising on their own beyond which the error is taken for the pipeline's (the
+batch fails) without spending the rest of PROBE_BUDGET: a pipeline that raises on every record
+is told in about 20 small jobs, not 100."""
 
 
 def _at_or_after(read_from: Mapping[tuple[str, int], int]) -> "Column":
