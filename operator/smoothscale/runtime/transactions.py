@@ -110,7 +110,8 @@ class TaskProducer:
         `changelog` maps each store to its records (they go to partition `task` of the store's
         changelog topic); `also` may queue more records on the producer (dead letters) inside
         the transaction. Returns, per store written to, the changelog offset after its last
-        record. On failure, aborts when it can and raises TransactionError.
+        record. On failure, aborts when it can and raises TransactionError (nothing of it
+        visible), or a TaskLost: ProducerFenced, or CommitOutcomeUnknown (it may yet commit).
         """
         delivered: dict[str, int] = {}
         offsets: dict[str, list[int]] = {}
