@@ -230,27 +230,30 @@ class TaskProducer:
         before the next transaction begins; a fenced or fatally failed producer cannot abort,
         and Kafka aborts for it."""
         self._aborting = True
-        try:
-            _call_to_its_end(self._producer.abort_transaction, self._timeout)
-        except KafkaException as error:
-            cause = _cause(error)
-            if isinstance(cause, KafkaError) and cause.retriable():
-                return
-        self._aborting = False
+        self._abort_to_its_end()
 
     def _finish_abort(self) -> None:
+        """Before a new transaction: end the abort of the last one if it had not ended."""
         if not self._aborting:
             return
+        unfinished = self._abort_to_its_end()
+        if unfinished is not None:
+            raise TransactionError(
+                f"task {self.task}: its previous transaction is still being aborted "
+                f"({unfinished}); nothing of it is visible, and no new one can begin yet"
+            )
+
+    def _abort_to_its_end(self) -> KafkaError | None:
+        """Call abort_transaction to its end. The retriable error when it has still not ended
+        (the abort stays due); None when it has, or when the producer cannot abort."""
         try:
             _call_to_its_end(self._producer.abort_transaction, self._timeout)
         except KafkaException as error:
             cause = _cause(error)
             if isinstance(cause, KafkaError) and cause.retriable():
-                raise TransactionError(
-                    f"task {self.task}: its previous transaction is still being aborted "
-                    f"({cause}); nothing of it is visible, and no new one can begin yet"
-                ) from error
+                return cause
         self._aborting = False
+        return None
 
     def close(self) -> None:
         # A producer Kafka fenced (or failed fatally) raises from flush: nothing of it is left

@@ -62,6 +62,12 @@ def by_partition(
     return found
 
 
+def consumer_in_a_new_group(front: KafkaFront, **settings: object) -> Consumer:
+    """A consumer of `front` in a group of its own, with `settings` beside."""
+    group = f"group-{uuid.uuid4().hex[:8]}"
+    return Consumer({"bootstrap.servers": front.bootstrap_servers, "group.id": group, **settings})
+
+
 def partition_count(front: KafkaFront, topic: str) -> int:
     admin = AdminClient({"bootstrap.servers": front.bootstrap_servers})
     return len(admin.list_topics(timeout=10).topics[topic].partitions)
@@ -128,9 +134,7 @@ def test_committed_group_offsets_of_new_partitions_round_trip(
     kafka_front: KafkaFront, topic: str
 ) -> None:
     grow(kafka_front, topic, 4)
-    group = f"group-{uuid.uuid4().hex[:8]}"
-    config = {"bootstrap.servers": kafka_front.bootstrap_servers, "group.id": group}
-    consumer = Consumer(config)
+    consumer = consumer_in_a_new_group(kafka_front)
     try:
         offsets = [TopicPartition(topic, p, 10 + p, metadata=f"m{p}") for p in range(4)]
         consumer.commit(offsets=offsets, asynchronous=False)
@@ -146,17 +150,16 @@ def test_a_subscribed_group_consumer_gets_the_partitions_added_while_it_runs(
     kafka_front: KafkaFront, topic: str
 ) -> None:
     produce(kafka_front, topic, {0: ["v0"], 1: ["v1"]})
-    consumer = Consumer(
-        {
-            "bootstrap.servers": kafka_front.bootstrap_servers,
-            "group.id": f"group-{uuid.uuid4().hex[:8]}",
+    consumer = consumer_in_a_new_group(
+        kafka_front,
+        **{
             "auto.offset.reset": "earliest",
             # It sees the growth at its next metadata refresh (5 minutes by default) and rejoins
             # the group, which the mock completes session.timeout.ms - 1 s later (Kafka: once
             # every member rejoined).
             "topic.metadata.refresh.interval.ms": 1000,
             "session.timeout.ms": 6000,
-        }
+        },
     )
     try:
         consumer.subscribe([topic])
@@ -318,13 +321,7 @@ def test_a_long_lived_consumer_reads_a_partition_added_after_it_started(
 ) -> None:
     """A consumer that fetched the topic's metadata before the growth, then assign()s a new
     partition (as an instance does when it is given a new task)."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": kafka_front.bootstrap_servers,
-            "group.id": f"group-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-        }
-    )
+    consumer = consumer_in_a_new_group(kafka_front, **{"enable.auto.commit": False})
     try:
         consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
         consumer.poll(1)
@@ -346,13 +343,7 @@ def test_a_seek_with_a_leader_epoch_on_a_new_partition_is_validated(
     so the consumer never reads again unless the front maps the request)."""
     grow(kafka_front, topic, 3)
     produce(kafka_front, topic, {2: [f"v{n}" for n in range(4)]})
-    consumer = Consumer(
-        {
-            "bootstrap.servers": kafka_front.bootstrap_servers,
-            "group.id": f"group-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-        }
-    )
+    consumer = consumer_in_a_new_group(kafka_front, **{"enable.auto.commit": False})
     try:
         consumer.assign([TopicPartition(topic, 2, OFFSET_BEGINNING)])
         read = list(records_from(consumer, 4))
