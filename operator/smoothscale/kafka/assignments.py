@@ -26,6 +26,7 @@ from confluent_kafka import (
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from smoothscale.kafka import names
+from smoothscale.kafka.following import FOLLOWER_SETTINGS
 from smoothscale.tasks import TaskId, TaskRole
 
 log = logging.getLogger(__name__)
@@ -164,6 +165,7 @@ class AssignmentFollower:
         self.generation = -1
         self._consumer = Consumer(
             {
+                **FOLLOWER_SETTINGS,
                 **_client_config(bootstrap_servers, client_config),
                 "group.id": names.reader_group(app_id),
                 "enable.auto.commit": False,

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from smoothscale.kafka import names
+from smoothscale.kafka.following import FOLLOWER_SETTINGS
 from smoothscale.kafka.watermarks import watermarks
 from smoothscale.runtime.changelog import (
     ChangelogFormatError,
@@ -49,6 +50,7 @@ def restore_consumer(config: WorkerConfig) -> Consumer:
     jump to the log start: the records in between would be lost from the state."""
     return Consumer(
         {
+            **FOLLOWER_SETTINGS,
             **config.client_config(),
             "group.id": names.reader_group(config.app_id),
             "enable.auto.commit": False,
