@@ -172,6 +172,8 @@ def changes(
     each one replaces. The keys' common end (writer and batch) is built once: a micro-batch
     changes thousands of keys."""
     suffix = f"@{writer}.{batch}".encode()
+    # tuple.__new__ directly, as in parse_record: the named tuple's own __new__ is a Python
+    # function, called once per changed key.
     return [
         tuple.__new__(
             ChangelogRecord,
