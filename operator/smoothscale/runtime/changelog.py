@@ -106,8 +106,8 @@ def _with_supersedes(shared: Headers, supersedes: bytes | None) -> Headers:
 def with_headers(records: Iterable[ChangelogRecord]) -> Iterator[tuple[ChangelogRecord, Headers]]:
     """Each record with its `headers()`, the headers shared by a run of records of one kind,
     writer and batch built once for the run: a micro-batch's commit produces thousands of data
-    records of one writer and batch, and building each one's headers anew was a fifth of the
-    commit's time on the driver (profile, docs/benchmarks/throughput.md)."""
+    records of one writer and batch, and building each one's headers anew took 6-9% of the
+    commit's time on the driver (profiles, docs/benchmarks/throughput.md)."""
     kind: RecordKind | None = None
     writer: Writer | None = None
     batch: int | None = None
