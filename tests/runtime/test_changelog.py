@@ -10,6 +10,7 @@ from smoothscale.runtime.changelog import (
     ChangelogFormatError,
     ChangelogRecord,
     Cursor,
+    changes,
     closer,
     data,
     delete,
@@ -17,6 +18,7 @@ from smoothscale.runtime.changelog import (
     marker,
     parse_record,
     tombstone,
+    with_headers,
 )
 from smoothscale.runtime.store import TaskState
 from smoothscale.runtime.writer import Writer
@@ -60,6 +62,48 @@ def test_record_keys_are_unique_per_writer_and_batch() -> None:
     assert data(A, 3, "al@ice", 1, None).state_key() == b"al@ice"
     assert closer(A, 3, {}, None).key == b"c@1.0.7.3"
     assert marker(A, "pod-a").key == b"m@1.0.7"
+
+
+def test_a_batchs_changes_keep_the_record_format_byte_for_byte() -> None:
+    # Restore and compaction depend on these bytes: building a batch's records at once (the
+    # commit's fast path) must give exactly what the one-record constructors give.
+    changed = {"alice": 5, "bob": None, "carol": {"n": 2, "at": [1.5, True]}, "dave": False}
+    supersedes = [b"d:alice@1.0.7.2", b"d:bob@1.0.7.1", None, None]
+    records = changes(A, 3, changed, supersedes)
+    assert [(r.key, r.value) for r in records] == [
+        (b"d:alice@1.0.7.3", b"5"),
+        (b"d:bob@1.0.7.3", b""),
+        (b"d:carol@1.0.7.3", b'{"at":[1.5,true],"n":2}'),
+        (b"d:dave@1.0.7.3", b"false"),
+    ]
+    assert records == [
+        data(A, 3, "alice", 5, supersedes[0]),
+        delete(A, 3, "bob", supersedes[1]),
+        data(A, 3, "carol", {"n": 2, "at": [1.5, True]}, None),
+        data(A, 3, "dave", False, None),
+    ]
+    assert records[0].headers() == [
+        ("smoothscale.kind", b"data"),
+        ("smoothscale.writer", b"1.0.7"),
+        ("smoothscale.epoch", b"1"),
+        ("smoothscale.batch", b"3"),
+        ("smoothscale.supersedes", b"d:alice@1.0.7.2"),
+    ]
+
+
+def test_headers_shared_by_a_run_of_records_are_each_records_own() -> None:
+    run = [
+        marker(B, "pod-b"),
+        *changes(B, 1, {"alice": 1, "bob": None}, [None, b"d:bob@1.0.7.2"]),
+        closer(B, 1, {"clicks": 9}, b"c@1.0.7.2"),
+        *changes(B, 2, {"alice": 2}, [b"d:alice@2.1.3.1"]),
+        data(A, 2, "carol", 1, None),
+        tombstone(B, b"d:alice@2.1.3.1"),
+        tombstone(B, b"c@2.1.3.1"),
+    ]
+    assert [(record, headers) for record, headers in with_headers(run)] == [
+        (record, record.headers()) for record in run
+    ]
 
 
 def test_a_record_smoothscale_did_not_write_is_refused() -> None:

@@ -47,9 +47,8 @@ from smoothscale.runtime.changelog import (
     ChangelogFormatError,
     ChangelogRecord,
     RecordKind,
+    changes,
     closer,
-    data,
-    delete,
     marker,
     parse_record,
     state_key_of,
@@ -125,6 +124,11 @@ PIPELINE_ERROR_REPORTED_SECONDS = 60.0
 """For how long an active task's reports carry the pipeline's last error on its records (the
 operator shows it as a TaskFailing problem), so that a pipeline raising on every batch stays
 visible without flapping."""
+
+
+_STATE_DECODER = json.JSONDecoder()
+"""Reads a state's JSON: a stored value is the changelog encoder's ASCII, so it is decoded as
+text at once (json.loads would first guess the encoding of the bytes, a third of its time)."""
 
 
 @dataclass
@@ -713,17 +717,11 @@ class Instance:
             changed, outputs, bad = self._apply_updates(self.pipeline, task, active, batch)
         positions = {**active.state.input_positions(), **batch.ends[task]}
         number = active.batch + 1
-        names = list(changed)
-        supersedes = active.state.record_keys(store, [key.encode() for key in names])
+        state_keys = [key.encode() for key in changed]
         writer = active.writer
-        records: list[ChangelogRecord] = [
-            delete(writer, number, key, old)
-            if changed[key] is None
-            else data(writer, number, key, changed[key], old)
-            for key, old in zip(names, supersedes, strict=True)
-        ]
+        records = changes(writer, number, changed, active.state.record_keys(store, state_keys))
         closing = closer(writer, number, positions, active.last_closer)
-        reclaim = self._tombstones(active, set(names))
+        reclaim = self._tombstones(active, set(changed))
         self._note_pipeline_errors(task, bad)
         sender = self._send_dead_letters
 
@@ -738,19 +736,19 @@ class Instance:
         except TaskLost as lost:
             self._fence(task, f"{lost}; stopped processing it")
             return
-        changes = StateChanges(
+        applied = StateChanges(
             positions=delivered,
             closed_batches={store: number},
             input_positions=dict(batch.ends[task]),
         )
-        for record in records:
+        for state_key, record in zip(state_keys, records, strict=True):
             if record.kind is RecordKind.DATA and record.value is not None:
-                changes.put(store, record.state_key(), record.key, record.value)
+                applied.put(store, state_key, record.key, record.value)
             else:
-                changes.delete(store, record.state_key(), record.key)
+                applied.delete(store, state_key, record.key)
         for record in reclaim:
-            changes.reclaim(store, record.key, state_key_of(record.key))
-        active.state.apply(changes)
+            applied.reclaim(store, record.key, state_key_of(record.key))
+        active.state.apply(applied)
         active.batch, active.last_closer = number, closing.key
         newest = batch.newest.get(task)
         if newest is not None:
@@ -819,7 +817,7 @@ class Instance:
         keys = list(dict.fromkeys(key for key, _ in updates))
         olds = active.state.get_many(store, [key.encode() for key in keys])
         for key, raw in zip(keys, olds, strict=True):
-            current[key] = None if raw is None else json.loads(raw)
+            current[key] = None if raw is None else _STATE_DECODER.decode(raw.decode())
         outputs: list[OutputRecord] = []
         changed: dict[str, Any] = {}
         bad = list(batch.dead_letters.get(task, []))
