@@ -131,12 +131,17 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
 third of the time of encoding a small value (a batch encodes one per changed key)."""
 
 
-def _json(value: Any) -> bytes:
-    # An int (a count, the commonest state) is its own JSON text: the same bytes without the
-    # encoder's call, which cost more than the rest of building a data record.
+def json_bytes(encoder: json.JSONEncoder, value: Any) -> bytes:
+    """`value` as `encoder`'s JSON. An int (a count, the commonest state and output) is its own
+    JSON text: the same bytes without the encoder's call, which cost more than the rest of
+    building a record."""
     if type(value) is int:
         return str(value).encode()
-    return _ENCODER.encode(value).encode()
+    return encoder.encode(value).encode()
+
+
+def _json(value: Any) -> bytes:
+    return json_bytes(_ENCODER, value)
 
 
 def marker(writer: Writer, instance_id: str) -> ChangelogRecord:

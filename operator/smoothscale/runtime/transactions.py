@@ -23,7 +23,13 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from smoothscale.kafka import names
-from smoothscale.runtime.changelog import EPOCH_HEADER, ChangelogRecord, Headers, with_headers
+from smoothscale.runtime.changelog import (
+    EPOCH_HEADER,
+    ChangelogRecord,
+    Headers,
+    json_bytes,
+    with_headers,
+)
 from smoothscale.runtime.config import WorkerConfig
 from smoothscale.tasks import TaskId
 
@@ -147,7 +153,7 @@ class TaskProducer:
                 self._produce(
                     self._output_topic,
                     key=key.encode(),
-                    value=_output_value(value),
+                    value=json_bytes(_OUTPUT_ENCODER, value),
                     headers=epoch_header,
                     on_delivery=on_delivery,
                     partition=_ANY_PARTITION,
@@ -260,14 +266,6 @@ class TaskProducer:
         # to deliver, and closing it must not fail whoever lets it go.
         with contextlib.suppress(KafkaException):
             self._producer.flush(self._timeout)
-
-
-def _output_value(value: Any) -> bytes:
-    # An int (a running count's total) is its own JSON text: the same bytes without the
-    # encoder's call, which cost more than producing the record.
-    if type(value) is int:
-        return str(value).encode()
-    return _OUTPUT_ENCODER.encode(value).encode()
 
 
 def _call_to_its_end(call: Callable[[float], None], timeout: float) -> None:
