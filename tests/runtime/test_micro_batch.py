@@ -23,7 +23,14 @@ from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.instance import Instance
 from smoothscale.runtime.metrics import InstanceMetrics
 from smoothscale.runtime.pipeline import Output, Pipeline
-from smoothscale.runtime.source import SCHEMA, read_plan
+from smoothscale.runtime.source import (
+    SCHEMA,
+    KafkaRange,
+    RangeRead,
+    note_planned,
+    note_read,
+    read_plan,
+)
 from smoothscale.runtime.spark import local_session
 from smoothscale.runtime.worker import WARM_UP_ROUNDS, KeepWarm, MicroBatch, dead_letter_sender
 from smoothscale.tasks import TaskRole
@@ -241,6 +248,69 @@ def test_a_pipeline_that_raises_on_a_whole_large_batch_fails_it_and_commits_noth
 
     assert state == {}
     assert read_committed(config.bootstrap_servers, config.dead_letters(), PARTITIONS) == []
+
+
+def note_batch(instance: Instance, reads: list[RangeRead]) -> None:
+    """What the source notes while a real batch is planned and read (source.batch_reads)."""
+    planned = [KafkaRange(r.topic, r.partition, r.start, r.end) for r in reads]
+    note_planned(str(instance.plan_path), planned)
+    for read in reads:
+        note_read(str(instance.plan_path), read)
+
+
+def test_a_task_resumes_after_the_offsets_the_source_read_without_records(
+    spark: SparkSession, embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    """A range that ends in transaction markers (offsets the source reads but that hold no
+    record): the task's input position moves past them, and only its records are counted."""
+    pipeline = counting()
+    with active_instance(app_config(embedded_kafka, tmp_path), pipeline) as (
+        instance,
+        metrics,
+        config,
+    ):
+        topic = config.input_topics[0]
+        rows = [user_record(topic, offset, "alice") for offset in range(3)]
+        newest = max(row[5] for row in rows)
+        note_batch(instance, [RangeRead(topic, 0, 0, 5, 3, round(newest.timestamp() * 1000))])
+        MicroBatch(instance, pipeline, metrics)(spark.createDataFrame(rows, SCHEMA), 0)
+        position = instance.read_from()
+        state = instance.state_snapshot(0)
+        exposition = metrics.exposition().decode()
+
+    assert state == {"alice": 3}
+    assert position == {(topic, 0): 5}
+    assert 'smoothscale_records_processed_total{task="0"} 3.0' in exposition
+
+
+def test_a_batch_that_read_a_task_from_below_its_position_applies_and_counts_only_the_rest(
+    spark: SparkSession, embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    """A batch planned before the task was taken again at a later position reads rows the
+    task's state already holds: they are dropped, and neither applied nor counted twice."""
+    pipeline = counting()
+    with active_instance(app_config(embedded_kafka, tmp_path), pipeline) as (
+        instance,
+        metrics,
+        config,
+    ):
+        topic = config.input_topics[0]
+        run = MicroBatch(instance, pipeline, metrics)
+        first = [user_record(topic, offset, "alice") for offset in range(2)]
+        note_batch(instance, [RangeRead(topic, 0, 0, 2, 2, None)])
+        run(spark.createDataFrame(first, SCHEMA), 0)
+        again = [
+            user_record(topic, offset, "bob" if offset > 1 else "alice") for offset in range(4)
+        ]
+        note_batch(instance, [RangeRead(topic, 0, 0, 4, 4, None)])
+        run(spark.createDataFrame(again, SCHEMA), 1)
+        position = instance.read_from()
+        state = instance.state_snapshot(0)
+        exposition = metrics.exposition().decode()
+
+    assert state == {"alice": 2, "bob": 2}
+    assert position == {(topic, 0): 4}
+    assert 'smoothscale_records_processed_total{task="0"} 4.0' in exposition
 
 
 def test_a_new_instance_warms_its_query_on_a_sample_it_does_not_own_and_commits_nothing(

@@ -28,6 +28,10 @@ So the set of partitions changes between micro-batches without restarting the qu
 reads every planned partition up to its end offset when the batch was planned, at most
 `max.records.per.partition` offsets of it, with isolation.level=read_committed.
 
+What each micro-batch read: planning a batch notes its ranges in `<plan.path>.reads/batch.json`,
+and reading a range to its end notes its record count and newest timestamp beside it, so the
+driver learns each task's input range without a Spark job of its own (`batch_reads`).
+
 Spark's offsets for this source are, per "topic:partition", the next offset to read and the
 plan's start offset and activation the reader last saw:
 {"orders:3": {"next": 1300, "start": 1200, "activation": 2}}. The
@@ -38,6 +42,7 @@ state, and the plan, written from that state, is the only source of start offset
 import json
 import logging
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -138,12 +143,19 @@ def write_plan(
             for (topic, partition), number in sorted((activations or {}).items())
         },
     }
+    _replace(target, json.dumps(document), sync=True)
+
+
+def _replace(target: Path, text: str, sync: bool) -> None:
+    """Write `text` to `target` atomically: a temp file in the same directory, renamed over it
+    (`sync`: flushed to disk first, for a file that must survive a crash of the machine)."""
     descriptor, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     try:
         with os.fdopen(descriptor, "w") as file:
-            json.dump(document, file)
-            file.flush()
-            os.fsync(file.fileno())
+            file.write(text)
+            if sync:
+                file.flush()
+                os.fsync(file.fileno())
         os.replace(temporary, target)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
@@ -185,6 +197,78 @@ def read_plan(path: str | Path) -> Plan:
                     f"got {number!r}"
                 )
     return Plan(partitions=partitions, version=version, activations=activations)
+
+
+READS_SUFFIX = ".reads"
+"""The directory beside the plan (`<plan.path>.reads`) where the source notes what each
+micro-batch read."""
+_BATCH_FILE = "batch.json"
+
+
+@dataclass(frozen=True)
+class RangeRead:
+    """One partition's range of the micro-batch in flight, offsets [start, end), and what the
+    source read in it: `records` (None: not read to its end yet; a transaction's control records
+    and an aborted transaction's records take offsets but are not read) and the newest
+    record's timestamp in milliseconds (None: no record carries one)."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    records: int | None = None
+    newest_ms: int | None = None
+
+
+def reads_directory(plan_path: str | Path) -> Path:
+    return Path(f"{plan_path}{READS_SUFFIX}")
+
+
+def batch_reads(plan_path: str | Path) -> dict[tuple[str, int], RangeRead] | None:
+    """The ranges of the micro-batch planned last, by (topic, partition), with what the source
+    has read of them. Call it from `foreachBatch` after a Spark job read the whole batch: every
+    range then has its `records`. None when the source has noted no batch (the rows did not
+    come from this source)."""
+    directory = reads_directory(plan_path)
+    try:
+        planned = json.loads((directory / _BATCH_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    reads = {}
+    for topic, partition, start, end in planned:
+        read = RangeRead(topic, partition, start, end)
+        try:
+            records, newest_ms = json.loads((directory / _read_file(read)).read_text())
+            read = RangeRead(topic, partition, start, end, records, newest_ms)
+        except (OSError, ValueError):
+            pass
+        reads[(topic, partition)] = read
+    return reads
+
+
+def _read_file(read: RangeRead) -> str:
+    return f"{read.topic}:{read.partition}:{read.start}-{read.end}.json"
+
+
+def note_planned(plan_path: str, ranges: "Sequence[KafkaRange]") -> None:
+    """Note the ranges of the batch being planned, and forget what earlier batches read."""
+    directory = reads_directory(plan_path)
+    directory.mkdir(exist_ok=True)
+    planned = [RangeRead(r.topic, r.partition, r.start, r.end) for r in ranges]
+    keep = {_BATCH_FILE, *(_read_file(read) for read in planned)}
+    for path in directory.iterdir():
+        if path.name not in keep:
+            path.unlink(missing_ok=True)
+    document = [[r.topic, r.partition, r.start, r.end] for r in planned]
+    _replace(directory / _BATCH_FILE, json.dumps(document), sync=False)
+
+
+def note_read(plan_path: str, read: RangeRead) -> None:
+    """Note what reading a whole range found (the same for every read of it: Kafka's records at
+    those offsets do not change)."""
+    directory = reads_directory(plan_path)
+    directory.mkdir(exist_ok=True)
+    _replace(directory / _read_file(read), json.dumps([read.records, read.newest_ms]), sync=False)
 
 
 @dataclass(frozen=True)
@@ -292,6 +376,9 @@ class KafkaStreamReader(DataSourceStreamReader):
         """When the last micro-batch with something new was planned (monotonic)."""
 
     def initialOffset(self) -> dict[str, Any]:
+        """Where a query with a fresh checkpoint starts: every plan start. What an earlier
+        query noted it read is forgotten."""
+        shutil.rmtree(reads_directory(self.options.plan_path), ignore_errors=True)
         plan = self._plan()
         return {
             name: {"next": start, "start": start, "activation": plan.activation(name)}
@@ -348,6 +435,7 @@ class KafkaStreamReader(DataSourceStreamReader):
             if position["next"] > begin:
                 topic, partition = parse_partition_name(name)
                 ranges.append(KafkaRange(topic, partition, begin, position["next"]))
+        note_planned(self.options.plan_path, ranges)
         return ranges
 
     def read(self, partition: InputPartition) -> Iterator["pyarrow.RecordBatch"]:
@@ -477,6 +565,7 @@ def read_range(options: SourceOptions, kafka_range: KafkaRange) -> Iterator["pya
     try:
         consumer.assign([TopicPartition(topic, partition, kafka_range.start)])
         chunk = _Chunk(topic, partition)
+        records, newest_ms = 0, -1
         position = kafka_range.start
         stalled_since = time.monotonic()
         while position < end:
@@ -490,7 +579,10 @@ def read_range(options: SourceOptions, kafka_range: KafkaRange) -> Iterator["pya
                     raise KafkaException(error)
                 offset = message.offset()
                 if offset is not None and offset < end:
-                    chunk.add(offset, message.key(), message.value(), message.timestamp()[1])
+                    timestamp_ms = message.timestamp()[1]
+                    chunk.add(offset, message.key(), message.value(), timestamp_ms)
+                    records += 1
+                    newest_ms = max(newest_ms, timestamp_ms)
             if len(chunk) >= ARROW_CHUNK_RECORDS:
                 yield chunk.take()
             (current,) = consumer.position([TopicPartition(topic, partition)])
@@ -503,6 +595,10 @@ def read_range(options: SourceOptions, kafka_range: KafkaRange) -> Iterator["pya
                     f"progress for {options.read_timeout_seconds:g} s at offset {position}; is "
                     f"the broker reachable ({options.bootstrap_servers})?"
                 )
+        read = RangeRead(
+            topic, partition, kafka_range.start, end, records, newest_ms if newest_ms >= 0 else None
+        )
+        note_read(options.plan_path, read)
         if len(chunk):
             yield chunk.take()
     finally:

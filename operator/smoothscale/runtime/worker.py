@@ -35,12 +35,12 @@ from smoothscale.runtime.instance import TICK_LOCK_SECONDS, BatchInput, DeadLett
 from smoothscale.runtime.metrics import InstanceMetrics, start_http_server
 from smoothscale.runtime.pipeline import Pipeline, load_pipeline
 from smoothscale.runtime.processor import PreparedProcessor
-from smoothscale.runtime.source import BATCH_INTERVAL_OPTION
+from smoothscale.runtime.source import BATCH_INTERVAL_OPTION, RangeRead, batch_reads
 
 if TYPE_CHECKING:
     import pandas as pd
     from confluent_kafka import Producer
-    from pyspark.sql import Column, DataFrame, Row, SparkSession
+    from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger(__name__)
@@ -91,10 +91,9 @@ class MicroBatch:
         read_from = self.instance.read_from()
         if not read_from:
             return
-        # The rows are read from the source and parsed once, for every job of the batch.
-        classified = classify(batch.where(_at_or_after(read_from)), self.input).persist()
+        classified = classify(batch.where(_at_or_after(read_from)), self.input)
         try:
-            collected = self._collect(classified, batch.columns)
+            collected = self._collect(classified, batch.columns, read_from)
             if collected is None:
                 return
             self.metrics.count_dead_letters(
@@ -102,7 +101,6 @@ class MicroBatch:
             )
             self.instance.commit_batch(collected)
         finally:
-            classified.unpersist()
             self.instance.last_read = time.monotonic()
         self.metrics.observe_batch(time.monotonic() - started)
         log.debug("batch %d: %s records", batch_id, sum(collected.counts.values()))
@@ -123,16 +121,14 @@ class MicroBatch:
         fastest = math.inf
         for run in range(1, rounds + 1):
             started = time.monotonic()
-            classified = classify(rows, self.input).persist()
+            classified = classify(rows, self.input)
             try:
-                collected = self._collect(classified, batch.columns)
+                collected = self._collect(classified, batch.columns, sample)
             except Exception:
                 log.warning(
                     "the warm-up batch failed; the instance is ready without it", exc_info=True
                 )
                 break
-            finally:
-                classified.unpersist()
             took = time.monotonic() - started
             records = 0 if collected is None else sum(collected.counts.values())
             log.info(
@@ -148,50 +144,53 @@ class MicroBatch:
         self.instance.last_read = time.monotonic()
         self.instance.warmed.set()
 
-    def _collect(self, classified: "DataFrame", columns: list[str]) -> BatchInput | None:
+    def _collect(
+        self,
+        classified: "DataFrame",
+        columns: list[str],
+        read_from: Mapping[tuple[str, int], int],
+    ) -> BatchInput | None:
         """The batch's updates (a processor pipeline: its decoded rows), dead letters and input
-        ranges per task, from its classified rows (`columns`: the source's)."""
+        ranges per task, from its classified rows (`columns`: the source's; `read_from`: the
+        positions the rows were filtered at). None when no task has input in the batch.
+
+        One Spark job reads the batch: the pipeline's aggregation (or the processor's rows),
+        which also counts the bad records (`observe`). Each task's range (where its input ends,
+        its records, the newest one's time) is what the source noted it read
+        (`source.batch_reads`); a second job over the rows computes it only when the source's
+        notes cannot say, and bad records are fetched only when some were counted. Nothing is
+        persisted: a job that reads the batch again (rare) reads it from Kafka again."""
+        from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
         from smoothscale.runtime.decode import reason, split
 
-        ranges = (
-            classified.groupBy("topic", "partition")
-            .agg(
-                F.max("offset").alias("last"),
-                F.count("*").alias("records"),
-                F.max("timestamp").alias("newest"),
-                F.count(reason(classified)).alias("bad"),
-            )
-            .collect()
-        )
-        if not ranges:
-            return None
+        observation = Observation()
+        observed = classified.observe(observation, F.count(reason(classified)).alias("bad"))
         rows = classified.select(*columns)
-        good, bad = split(classified, self.input)
-        # Bad records are rare: a Spark job fetches them only when the ranges counted some (a
-        # small batch costs Spark mostly per job, docs/runtime.md, A micro-batch).
-        bad_rows = bad.collect() if any(row["bad"] for row in ranges) else []
+        good, bad = split(observed, self.input)
         collected = BatchInput()
         pipeline = self.pipeline
+        poisoned: list[Row] = []
         if isinstance(pipeline, PreparedProcessor):
             collected.rows = _rows_per_task(pipeline, good)
             collected.records_at = lambda task, offsets: _records_at(rows, task, offsets)
         else:
             updates, poisoned = self._aggregate(pipeline, rows, good)
-            bad_rows += poisoned
             collected.records_of = lambda task, key: self._records_of(pipeline, rows, task, key)
             for row in updates:
                 collected.updates.setdefault(int(row["partition"]), []).append(
                     (str(row["key"]), _plain(row["update"]))
                 )
-        for row in ranges:
-            task = int(row["partition"])
-            collected.ends.setdefault(task, {})[row["topic"]] = int(row["last"]) + 1
-            collected.counts[task] = collected.counts.get(task, 0) + int(row["records"])
-            if row["newest"] is not None:
-                newest = row["newest"].timestamp()
-                collected.newest[task] = max(newest, collected.newest.get(task, newest))
+        noted = _observed(observation) and _ranges_from_reads(
+            collected, batch_reads(self.instance.plan_path), read_from
+        )
+        bad_count = observation.get["bad"] if noted else _ranges_by_spark(collected, classified)
+        if not collected.ends:
+            return None
+        # Bad records are rare: a Spark job fetches them only when some were counted (a small
+        # batch costs Spark mostly per job, docs/runtime.md, A micro-batch).
+        bad_rows = [*(bad.collect() if bad_count else []), *poisoned]
         for row in bad_rows:
             collected.dead_letters.setdefault(int(row["partition"]), []).append(row)
         return collected
@@ -300,6 +299,74 @@ def _records_at(rows: "DataFrame", task: int, offsets: list[int]) -> "list[Row]"
     if not offsets:
         return []
     return rows.where((F.col("partition") == task) & F.col("offset").isin(offsets)).collect()
+
+
+def _observed(observation: "Observation") -> bool:
+    """Whether a job has read the whole batch through the observation and succeeded (not so
+    when the pipeline raised and the batch was aggregated again without the poisoned records):
+    only then has the source read every range, and `Observation.get` neither waits for ever
+    nor raises."""
+    jvm_observation = observation._jo  # PySpark's own handle; `get` has no timeout
+    if jvm_observation is None or not jvm_observation.future().isCompleted():
+        return False
+    return bool(jvm_observation.future().value().get().isSuccess())
+
+
+def _ranges_from_reads(
+    collected: BatchInput,
+    reads: Mapping[tuple[str, int], RangeRead] | None,
+    read_from: Mapping[tuple[str, int], int],
+) -> bool:
+    """Fill in each task's input range from what the source noted it read; False (nothing
+    filled in) when the notes cannot say: there are none, a range of the batch was not noted
+    as read, or one begins before the task's input position (its rows below it were filtered
+    out, so the source's count is not the task's)."""
+    if reads is None:
+        return False
+    ends: dict[int, dict[str, int]] = {}
+    counts: dict[int, int] = {}
+    newest: dict[int, float] = {}
+    for (topic, partition), position in read_from.items():
+        read = reads.get((topic, partition))
+        if read is None or read.end <= position:
+            continue  # nothing of the partition at or after its position in this batch
+        if read.records is None or read.start < position:
+            return False
+        if read.records == 0:
+            continue  # only offsets without records (transaction markers): nothing to commit
+        ends.setdefault(partition, {})[topic] = read.end
+        counts[partition] = counts.get(partition, 0) + read.records
+        if read.newest_ms is not None:
+            newest[partition] = max(read.newest_ms / 1000, newest.get(partition, 0.0))
+    collected.ends, collected.counts, collected.newest = ends, counts, newest
+    return True
+
+
+def _ranges_by_spark(collected: BatchInput, classified: "DataFrame") -> int:
+    """Fill in each task's input range with a Spark job over the classified rows (where its
+    input ends: after its last row); returns how many rows are bad."""
+    from pyspark.sql import functions as F
+
+    from smoothscale.runtime.decode import reason
+
+    ranges = (
+        classified.groupBy("topic", "partition")
+        .agg(
+            F.max("offset").alias("last"),
+            F.count("*").alias("records"),
+            F.max("timestamp").alias("newest"),
+            F.count(reason(classified)).alias("bad"),
+        )
+        .collect()
+    )
+    for row in ranges:
+        task = int(row["partition"])
+        collected.ends.setdefault(task, {})[row["topic"]] = int(row["last"]) + 1
+        collected.counts[task] = collected.counts.get(task, 0) + int(row["records"])
+        if row["newest"] is not None:
+            newest = row["newest"].timestamp()
+            collected.newest[task] = max(newest, collected.newest.get(task, newest))
+    return sum(int(row["bad"]) for row in ranges)
 
 
 PROBE_BUDGET = 100

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 
 from devstack.kafka.embedded import EmbeddedKafka
 from devstack.kafka.front import KafkaFront
-from smoothscale.runtime.source import write_plan
+from smoothscale.runtime.source import RangeRead, batch_reads, write_plan
 
 from .conftest import CollectingStream, offsets, positions, produce, unique
 
@@ -175,6 +175,64 @@ def test_a_range_ending_in_transaction_markers_is_read_without_waiting(
         f'{{"{topic}:0": {{"next": 18, "start": 0, "activation": 0}}}}'
     )
     assert elapsed < 25, f"the batch waited {elapsed:.1f} s for a marker that is never delivered"
+
+
+def test_each_batch_notes_its_ranges_and_what_it_read_in_them(
+    spark: SparkSession, embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    """The driver learns each partition's range of the batch, the records in it and the newest
+    one's time from the source's notes (source.batch_reads), without a Spark job of its own:
+    here a capped partition, one whose range ends in transaction markers, and one not read."""
+    plain, transactional = unique("plain"), unique("transactional")
+    embedded_kafka.create_topic(plain, 2)
+    embedded_kafka.create_topic(transactional, 1)
+    produce(embedded_kafka, plain, [(0, None, f"{i}".encode()) for i in range(6)])
+    producer = Producer(
+        {"bootstrap.servers": embedded_kafka.bootstrap_servers, "transactional.id": unique("w")}
+    )
+    producer.init_transactions(10)
+    for _transaction in range(2):
+        producer.begin_transaction()
+        for _ in range(2):
+            producer.produce(transactional, partition=0, value=b"t")
+        producer.commit_transaction(10)
+    # 4 records and 2 commit markers: offsets 0..5.
+    plan = tmp_path / "plan.json"
+    write_plan(plan, {(plain, 0): 1, (plain, 1): 0, (transactional, 0): 0}, version=1)
+
+    def read_and_note(batch: DataFrame) -> tuple[list[Row], object]:
+        return batch.collect(), batch_reads(plan)
+
+    stream = CollectingStream(
+        spark,
+        embedded_kafka,
+        [plain, transactional],
+        plan,
+        tmp_path / "checkpoint",
+        {"max.records.per.partition": "3"},
+        on_batch=read_and_note,
+    )
+    try:
+        batches = stream.drain()
+    finally:
+        stream.stop()
+
+    def newest_ms(rows: list[Row], topic: str) -> int:
+        return max(round(r["timestamp"].timestamp() * 1000) for r in rows if r["topic"] == topic)
+
+    (first_rows, first), (second_rows, second) = batches
+    assert first == {
+        (plain, 0): RangeRead(plain, 0, 1, 4, 3, newest_ms(first_rows, plain)),
+        (transactional, 0): RangeRead(
+            transactional, 0, 0, 3, 2, newest_ms(first_rows, transactional)
+        ),
+    }, "partition 1 of the plain topic has no records: no range"
+    assert second == {
+        (plain, 0): RangeRead(plain, 0, 4, 6, 2, newest_ms(second_rows, plain)),
+        (transactional, 0): RangeRead(
+            transactional, 0, 3, 6, 2, newest_ms(second_rows, transactional)
+        ),
+    }
 
 
 def test_a_partition_added_to_the_topic_while_the_query_runs_is_read_once_planned(
