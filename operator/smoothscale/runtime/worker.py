@@ -30,7 +30,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from smoothscale.runtime.config import WorkerConfig
-from smoothscale.runtime.decode import JsonInput, classify
+from smoothscale.runtime.decode import JsonInput, classify, sql_literal
 from smoothscale.runtime.instance import TICK_LOCK_SECONDS, BatchInput, DeadLetterSender, Instance
 from smoothscale.runtime.metrics import InstanceMetrics, start_http_server
 from smoothscale.runtime.pipeline import Pipeline, load_pipeline
@@ -40,7 +40,7 @@ from smoothscale.runtime.source import BATCH_INTERVAL_OPTION, RangeRead, batch_r
 if TYPE_CHECKING:
     import pandas as pd
     from confluent_kafka import Producer
-    from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession
+    from pyspark.sql import DataFrame, Observation, Row, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger(__name__)
@@ -379,18 +379,13 @@ batch fails) without spending the rest of PROBE_BUDGET: a pipeline that raises o
 is told in about 20 small jobs, not 100."""
 
 
-def _at_or_after(read_from: Mapping[tuple[str, int], int]) -> "Column":
-    """Rows of the active tasks' partitions at or after each one's input position."""
-    from pyspark.sql import functions as F
-
-    condition = F.lit(False)
-    for (topic, partition), offset in sorted(read_from.items()):
-        condition = condition | (
-            (F.col("topic") == topic)
-            & (F.col("partition") == partition)
-            & (F.col("offset") >= offset)
-        )
-    return condition
+def _at_or_after(read_from: Mapping[tuple[str, int], int]) -> str:
+    """Rows of the active tasks' partitions at or after each one's input position (SQL)."""
+    conditions = [
+        f"(topic = {sql_literal(topic)} AND partition = {partition} AND offset >= {offset})"
+        for (topic, partition), offset in sorted(read_from.items())
+    ]
+    return " OR ".join(conditions) or "false"
 
 
 def _plain(value: Any) -> Any:

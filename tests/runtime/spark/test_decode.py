@@ -47,6 +47,31 @@ def test_good_records_come_through_parsed_with_their_origin(spark: SparkSession)
     ]
 
 
+@pytest.mark.spark
+def test_fields_are_found_by_any_name_json_allows(spark: SparkSession) -> None:
+    """Field names with spaces, quotes, backslashes and backticks, as a value schema spells
+    them in Spark DDL."""
+    pipeline = Pipeline(
+        store="s",
+        value_schema="`the user's name` STRING, `a\\b` LONG, `x``y` STRING",
+        key_column="the user's name",
+        aggregate=lambda batch: batch,
+        apply=lambda key, old, update: (old, []),
+    )
+    batch = records(
+        spark,
+        [
+            (b"k", b'{"the user\'s name": "alice", "a\\\\b": 3, "x`y": "z"}'),
+            (b"k", b'{"the user\'s name": "bob", "x`y": "z"}'),
+        ],
+    )
+
+    good, bad = decode(batch, pipeline)
+
+    assert [tuple(row)[4:] for row in good.collect()] == [("alice", 3, "z")]
+    assert [row["reason"] for row in bad.collect()] == ["missing-field"]
+
+
 BAD_VALUES = [
     (None, "null-value"),
     (b"\xff\xfe{}", "invalid-utf8"),
