@@ -103,9 +103,9 @@ def batch_reader(config: WorkerConfig, group: str) -> Consumer:
 
 class PythonBatches:
     """The micro-batches of an instance, on a thread of their own, as the Spark query runs
-    them: one batch per trigger interval, or at once when a task becomes active, each under
-    the instance's batch lock and ended by `after_batch`; the warm-up sample is marked run
-    (there is nothing to warm without Spark)."""
+    them: one batch per trigger interval, or at once when a task becomes active, each ended by
+    the instance's `commit_behind`; the warm-up sample is marked run (there is nothing to warm
+    without Spark)."""
 
     def __init__(
         self, config: WorkerConfig, instance: Instance, key_field: str, metrics: InstanceMetrics
@@ -159,20 +159,22 @@ class PythonBatches:
     def _batch(self) -> set[tuple[str, int]]:
         """One micro-batch; the partitions it read."""
         instance = self.instance
-        with instance.batch():
-            if instance.stopping:
-                return set()
-            if instance.warm_up_from():
-                instance.warmed.set()
-            read_from = instance.read_from()
-            if read_from:
-                started = time.monotonic()
-                limit = self.config.max_records_per_partition
-                batch = read_batch(self._consumer, read_from, limit, self.key_field)
-                instance.commit_batch(batch)
-                instance.last_read = time.monotonic()
-                self.metrics.observe_batch(time.monotonic() - started)
-            instance.after_batch()
+        started = instance.batch_began()
+        batch, read_from = None, {}
+        try:
+            if not instance.stopping:
+                if instance.warm_up_from():
+                    instance.warmed.set()
+                read_from = instance.read_from()
+                if read_from:
+                    limit = self.config.max_records_per_partition
+                    batch = read_batch(self._consumer, read_from, limit, self.key_field)
+                    batch.read_from = dict(read_from)
+                    instance.last_read = time.monotonic()
+        except BaseException:
+            instance.batch_ended(started)
+            raise
+        instance.commit_behind(batch, started)
         return set(read_from)
 
     def _wait_for_trigger(self, started: float, tasks: set[tuple[str, int]]) -> None:

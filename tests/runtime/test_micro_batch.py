@@ -20,7 +20,7 @@ from devstack.kafka.embedded import EmbeddedKafka
 from smoothscale.kafka.assignments import Assignment, AssignmentWriter, TaskAssignment
 from smoothscale.kafka.progress import ProgressReader
 from smoothscale.runtime.config import WorkerConfig
-from smoothscale.runtime.instance import Instance
+from smoothscale.runtime.instance import BatchInput, Instance
 from smoothscale.runtime.metrics import InstanceMetrics
 from smoothscale.runtime.pipeline import Output, Pipeline
 from smoothscale.runtime.source import (
@@ -248,6 +248,46 @@ def test_a_pipeline_that_raises_on_a_whole_large_batch_fails_it_and_commits_noth
 
     assert state == {}
     assert read_committed(config.bootstrap_servers, config.dead_letters(), PARTITIONS) == []
+
+
+def test_a_batch_leaves_out_a_task_no_longer_where_the_batch_read_it_from(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    """A batch reads while the one before commits behind it: by its own commit, a task may have
+    been taken away and taken again elsewhere in its input. Its rows are then not its state's
+    next ones: the batch leaves the task out, and commits the others."""
+    pipeline = counting()
+    with active_instance(app_config(embedded_kafka, tmp_path), pipeline) as (instance, _m, config):
+        topic = config.input_topics[0]
+        read_elsewhere = BatchInput(
+            ends={0: {topic: 9}}, updates={0: [("alice", 2)]}, read_from={(topic, 0): 7}
+        )
+        instance.commit_behind(read_elsewhere, instance.batch_began())
+        state = instance.state_snapshot(0)
+        position = instance.read_from()
+
+    assert state == {}
+    assert position == {(topic, 0): 0}
+
+
+def test_a_commit_that_fails_behind_fails_the_next_batch_and_the_next_tick(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    pipeline = counting(raise_in_apply="mallory")
+    with active_instance(app_config(embedded_kafka, tmp_path), pipeline) as (instance, _m, config):
+        topic = config.input_topics[0]
+        # No way to find the records `apply` raises on: the batch fails.
+        failing = BatchInput(
+            ends={0: {topic: 1}}, updates={0: [("mallory", 1)]}, read_from={(topic, 0): 0}
+        )
+        instance.commit_behind(failing, instance.batch_began())
+
+        with pytest.raises(RuntimeError, match="commit failed") as failed:
+            instance.commit_behind(None, instance.batch_began())
+        with pytest.raises(RuntimeError, match="commit failed"):
+            instance.tick()
+
+    assert "no rule for mallory" in repr(failed.value.__cause__)
 
 
 def note_batch(instance: Instance, reads: list[RangeRead]) -> None:

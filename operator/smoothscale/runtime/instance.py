@@ -137,6 +137,10 @@ class BatchInput:
 
     ends: dict[TaskId, dict[str, int]] = field(default_factory=dict)
     """Per task, per input topic: the offset after the batch's last record."""
+    read_from: dict[tuple[str, int], int] | None = None
+    """The input positions the batch's rows were read at or after (`Instance.read_from`): a
+    task whose position is no longer that when the batch commits (taken away, or taken again
+    elsewhere, meanwhile) is left out. None: the positions when it commits."""
     counts: dict[TaskId, int] = field(default_factory=dict)
     """Per task: input records in the batch (good and bad)."""
     newest: dict[TaskId, float] = field(default_factory=dict)
@@ -157,6 +161,12 @@ class BatchInput:
     """The batch's records (as read) of a task at the given input offsets, for when a
     processor's handleInputRows raises on a grouping key: they go to the dead-letter topic.
     None: a handler raising fails the batch."""
+
+    def positions_after(self) -> dict[tuple[str, int], int]:
+        """The input positions once the batch has committed: `read_from`, moved to the end of
+        what the batch read."""
+        ends = {(topic, task): end for task, per in self.ends.items() for topic, end in per.items()}
+        return {**(self.read_from or {}), **ends}
 
 
 @dataclass
@@ -286,8 +296,14 @@ class Instance:
             client,
             uid=config.instance_uid,
         )
-        self._batch_started: float | None = None
-        """When the micro-batch in flight began (None: none is)."""
+        self._in_flight: list[float] = []
+        """When each micro-batch in flight began: one reading its input, and one whose commit
+        runs behind it (`commit_behind`)."""
+        self._committer: threading.Thread | None = None
+        """The thread committing a micro-batch behind the next one's reading, if any."""
+        self._committer_error: BaseException | None = None
+        self._promised: dict[tuple[str, int], int] | None = None
+        """While a batch commits behind: the input positions once it has committed."""
         self._progressed_at = time.monotonic()
         """When the instance last made progress: a batch completed, a task turned active."""
         self._input_waiting = False
@@ -418,15 +434,92 @@ class Instance:
 
     @contextmanager
     def batch(self) -> Iterator[None]:
-        """One micro-batch: holds the lock (an assignment is applied before or after it, never
-        in the middle), and is timed, for the stall watch."""
+        """One micro-batch done whole under the lock (an assignment is applied before or after
+        it, never in the middle), timed for the stall watch: a batch without input (a
+        processor's timers), a test's. A streaming engine's batches read without the lock and
+        end in `commit_behind`."""
         with self.lock:
-            self._batch_started = time.monotonic()
+            started = self.batch_began()
             try:
                 yield
             finally:
-                self._batch_started = None
-                self._progressed_at = time.monotonic()
+                self.batch_ended(started)
+
+    def batch_began(self) -> float:
+        """A micro-batch began (for the stall watch); returns its start, for `batch_ended`."""
+        started = time.monotonic()
+        self._in_flight.append(started)
+        return started
+
+    def batch_ended(self, started: float) -> None:
+        self._in_flight.remove(started)
+        self._progressed_at = time.monotonic()
+
+    def commit_behind(self, batch: BatchInput | None, started: float) -> None:
+        """End the micro-batch that began at `started` (`batch_began`): commit what it read
+        (None: nothing), then do what `after_batch` does.
+
+        The commit runs behind, on a thread of its own, and this returns at once: the engine
+        plans and reads its next batch meanwhile (reading takes most of a batch, committing
+        a quarter, and they use different processes). The next batch reads from where this
+        one will have left each task (`read_from`), and its own commit waits for this one.
+        Whenever something waits on the batch's end (an assignment to apply, a task being
+        activated, the instance stopping), it commits here instead, and the assignment is
+        applied before the engine plans the next batch, as a hand-over needs. A commit that
+        failed behind fails the next call, or the next tick."""
+        handed_over = False
+        try:
+            self._join_committer()
+            with self.lock:
+                self._poll_assignment()
+                waited_on = (
+                    self._pending is not None
+                    or self._activating
+                    or self.stopping
+                    or self._follower.replaced_by is not None
+                )
+                if batch is None or not batch.ends or waited_on:
+                    if batch is not None:
+                        self.commit_batch(batch)
+                        self.metrics.observe_batch(time.monotonic() - started)
+                    self.after_batch()
+                    return
+                self._promised = batch.positions_after()
+                self._committer = threading.Thread(
+                    target=self._commit, args=(batch, started), name="commit", daemon=True
+                )
+                self._committer.start()
+                handed_over = True  # the committer ends the batch
+        finally:
+            if not handed_over:
+                self.batch_ended(started)
+
+    def _commit(self, batch: BatchInput, started: float) -> None:
+        """The committer: a batch's commit, then what `after_batch` does, under the lock."""
+        try:
+            with self.lock:
+                try:
+                    self.commit_batch(batch)
+                    self.metrics.observe_batch(time.monotonic() - started)
+                    self.after_batch()
+                finally:
+                    self._promised = None
+        except BaseException as error:
+            log.exception("a micro-batch's commit failed")
+            self._committer_error = error
+        finally:
+            self.batch_ended(started)
+
+    def _join_committer(self) -> None:
+        """Wait for the commit running behind, if any; raise its error if it failed."""
+        committer = self._committer
+        if committer is not None:
+            committer.join()
+        self._raise_commit_error()
+
+    def _raise_commit_error(self) -> None:
+        if self._committer_error is not None:
+            raise RuntimeError("a micro-batch's commit failed") from self._committer_error
 
     def stalled_for(self) -> float | None:
         """How long the instance has been stalled, if it is: once its query runs (it is
@@ -435,7 +528,7 @@ class Instance:
         if not self.metrics.ready:
             return None
         now, timeout = time.monotonic(), self.config.stall_timeout
-        started = self._batch_started
+        started = min(self._in_flight, default=None)
         if started is not None and now - started > timeout:
             return now - started
         idle = now - self._progressed_at
@@ -463,6 +556,7 @@ class Instance:
         does the work."""
         if self._restore.error is not None:
             raise RuntimeError("the restore loop failed") from self._restore.error
+        self._raise_commit_error()
         self._watch_progress()
         self._poll_assignment()
         # A batch in flight holds the lock: try again at the next tick rather than queue up
@@ -476,11 +570,12 @@ class Instance:
             self.lock.release()
 
     def after_batch(self) -> None:
-        """Called by the micro-batch at its end, still holding the lock, before Spark plans
-        the next one: the tick's work, done there. On a busy instance batches run back to
-        back, and a main-thread tick often comes only after Spark has planned the next batch
-        from the old plan: a task handed over during a batch would then sit out one more
-        batch on both sides (on its old owner, read and dropped; on its new one, not read)."""
+        """Called at a micro-batch's end, holding the lock (by `commit_behind`, before the
+        engine plans the next one when something waits on it): the tick's work, done there.
+        On a busy instance batches run back to back, and a main-thread tick often comes only
+        after Spark has planned the next batch from the old plan: a task handed over during a
+        batch would then sit out one more batch on both sides (on its old owner, read and
+        dropped; on its new one, not read)."""
         if self._closed:
             return  # a shutdown that gave up waiting for this batch closed the channels
         self._poll_assignment()
@@ -621,9 +716,11 @@ class Instance:
             self.lock.release()
 
     def warm_up_from(self) -> dict[tuple[str, int], int]:
-        """The warm-up sample's start offsets, while it is in the plan and not yet run."""
-        with self.lock:
-            return {} if self.warmed.is_set() else dict(self._warm_up)
+        """The warm-up sample's start offsets, while it is in the plan and not yet run. Without
+        the lock (a batch asks it while the one before commits): a sample newer than the plan
+        the batch was planned from finds nothing to read in it, and waits for the next."""
+        sample = self._warm_up
+        return {} if self.warmed.is_set() else dict(sample)
 
     def _partitions_of(self, topic: str) -> list[int]:
         metadata = self._offsets.list_topics(topic, timeout=10).topics.get(topic)
@@ -631,7 +728,12 @@ class Instance:
 
     def read_from(self) -> dict[tuple[str, int], int]:
         """Per (input topic, partition) of the active tasks, the first offset still to process:
-        rows below it are already in the task's state and must not be applied again."""
+        rows below it are already in the task's state and must not be applied again. While a
+        batch commits behind (`commit_behind`), where it will have left them: the batch
+        reading now must not wait for it."""
+        promised = self._promised
+        if promised is not None:
+            return dict(promised)
         with self.lock:
             return {
                 (topic, task): self._input_position(active.state, topic)
@@ -640,7 +742,9 @@ class Instance:
             }
 
     def state_snapshot(self, task: TaskId) -> dict[str, Any]:
-        """The pipeline store's content of an active task (for tools and tests)."""
+        """The pipeline store's content of an active task (for tools and tests), once every
+        batch handed to the instance has committed."""
+        self._join_committer()
         with self.lock:
             return self._active[task].state.snapshot(self.pipeline.store)
 
@@ -656,6 +760,8 @@ class Instance:
                 return
             committed: dict[tuple[str, int], int] = {}
             for task in sorted(set(batch.ends) & set(self._active)):
+                if not self._read_at_position(task, batch):
+                    continue
                 self._commit_task(task, batch)
                 if task not in self._active:
                     continue  # fenced: another instance owns it
@@ -664,6 +770,23 @@ class Instance:
             if committed:
                 self._report(with_input_lag=False)
                 self._best_effort("commit the input positions", self._inputs.commit, committed)
+
+    def _read_at_position(self, task: TaskId, batch: BatchInput) -> bool:
+        """Whether the batch read the task from where its state is now (see
+        BatchInput.read_from)."""
+        if batch.read_from is None:
+            return True
+        state = self._active[task].state
+        for topic in batch.ends[task]:
+            if batch.read_from.get((topic, task)) != self._input_position(state, topic):
+                log.info(
+                    "task %d: a batch read from %s while the task is now at %s: left out",
+                    task,
+                    batch.read_from.get((topic, task)),
+                    self._input_position(state, topic),
+                )
+                return False
+        return True
 
     def run_due_without_input(self) -> list[TaskId]:
         """Spark runs a batch without data when a stateful processor has something to do with

@@ -74,36 +74,38 @@ class MicroBatch:
         self._warmed_once = False
 
     def __call__(self, batch: "DataFrame", batch_id: int) -> None:
-        # The whole batch is a unit (an assignment is applied before or after it, never in the
-        # middle), and is timed for the stall watch.
-        with self.instance.batch():
-            if self.instance.stopping:
-                return
-            self._run(batch, batch_id)
-            self.instance.after_batch()
+        # Timed for the stall watch from here to the end of its commit, which runs behind the
+        # next batch's reading (Instance.commit_behind).
+        started = self.instance.batch_began()
+        try:
+            collected = None if self.instance.stopping else self._run(batch, batch_id)
+        except BaseException:
+            self.instance.batch_ended(started)
+            raise
+        self.instance.commit_behind(collected, started)
 
-    def _run(self, batch: "DataFrame", batch_id: int) -> None:
-        """The batch itself: the warm-up sample if it is due, then the active tasks' rows."""
-        started = time.monotonic()
+    def _run(self, batch: "DataFrame", batch_id: int) -> BatchInput | None:
+        """The batch itself: the warm-up sample if it is due, then the active tasks' rows,
+        ready to commit (None: no task has input in it)."""
         warm_up = self.instance.warm_up_from()
         if warm_up:
             self._warm(batch, warm_up)
         read_from = self.instance.read_from()
         if not read_from:
-            return
+            return None
         classified = classify(batch.where(_at_or_after(read_from)), self.input)
         try:
             collected = self._collect(classified, batch.columns, read_from)
-            if collected is None:
-                return
-            self.metrics.count_dead_letters(
-                str(row["reason"]) for rows in collected.dead_letters.values() for row in rows
-            )
-            self.instance.commit_batch(collected)
         finally:
             self.instance.last_read = time.monotonic()
-        self.metrics.observe_batch(time.monotonic() - started)
+        if collected is None:
+            return None
+        collected.read_from = dict(read_from)
+        self.metrics.count_dead_letters(
+            str(row["reason"]) for rows in collected.dead_letters.values() for row in rows
+        )
         log.debug("batch %d: %s records", batch_id, sum(collected.counts.values()))
+        return collected
 
     def _warm(self, batch: "DataFrame", sample: Mapping[tuple[str, int], int]) -> None:
         """Run the whole path of a real batch over the warm-up sample, the same Spark jobs in
@@ -411,10 +413,10 @@ def dead_letter_sender(topic: str) -> DeadLetterSender:
 
 
 class Engine(Protocol):
-    """What runs an instance's micro-batches: each takes the instance's `batch()` lock, reads
-    its active tasks' input from `read_from()` (and the warm-up sample of `warm_up_from()`),
-    and ends in `commit_batch` and `after_batch`. The worker's Spark query is the one that
-    ships; the local test bed runs protocol scenarios with one without Spark."""
+    """What runs an instance's micro-batches: each begins with the instance's
+    `batch_began()`, reads its active tasks' input from `read_from()` (and the warm-up
+    sample of `warm_up_from()`), and ends in `commit_behind`. The worker's Spark query is the
+    one that ships; the local test bed runs protocol scenarios with one without Spark."""
 
     def failure(self) -> str | None:
         """Why the engine stopped running batches; None while it runs them."""
