@@ -61,8 +61,8 @@ def add_to_window(
 ) -> tuple[dict[str, int], list[Output]]:
     """Add the batch's sum and count to the window's, and emit the window's new aggregate.
 
-    `update` is the struct from `sum_per_window`: a pyspark Row in the runtime (read by field
-    name), or any mapping with "sum" and "count".
+    `update` is the struct from `sum_per_window`: a dict in the runtime, or any mapping with
+    "sum" and "count".
     """
     user, window_start = key.rsplit("|", 1)
     start_ms = int(window_start)

@@ -18,7 +18,7 @@ from pyspark.sql import SparkSession
 
 from devstack.kafka.embedded import EmbeddedKafka
 from smoothscale.kafka.assignments import Assignment, AssignmentWriter, TaskAssignment
-from smoothscale.kafka.progress import ProgressReader
+from smoothscale.kafka.progress import ProgressReader, ReportedRole
 from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.instance import BatchInput, Instance
 from smoothscale.runtime.metrics import InstanceMetrics
@@ -250,6 +250,23 @@ def test_a_pipeline_that_raises_on_a_whole_large_batch_fails_it_and_commits_noth
     assert read_committed(config.bootstrap_servers, config.dead_letters(), PARTITIONS) == []
 
 
+def test_a_batch_with_no_input_commits_nothing(
+    spark: SparkSession, embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    """A batch the source planned with no range (its plan changed, nothing new came): Spark
+    runs no task of it, and the job observes no row."""
+    pipeline = counting()
+    with active_instance(app_config(embedded_kafka, tmp_path), pipeline) as (instance, m, config):
+        note_batch(instance, [])
+        empty = spark.createDataFrame(spark.sparkContext.emptyRDD(), SCHEMA)
+        MicroBatch(instance, pipeline, m)(empty, 0)
+        state = instance.state_snapshot(0)
+        position = instance.read_from()
+
+    assert state == {}
+    assert position == {(config.input_topics[0], 0): 0}
+
+
 def test_a_batch_leaves_out_a_task_no_longer_where_the_batch_read_it_from(
     embedded_kafka: EmbeddedKafka, tmp_path: Path
 ) -> None:
@@ -268,6 +285,28 @@ def test_a_batch_leaves_out_a_task_no_longer_where_the_batch_read_it_from(
 
     assert state == {}
     assert position == {(topic, 0): 0}
+
+
+def test_a_shutdown_right_after_a_batch_commits_the_batch_first(
+    spark: SparkSession, embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    """The batch's commit runs behind it: the shutdown that follows at once (SIGTERM) still
+    finds it committed before it releases the task, at the position after it."""
+    pipeline = counting()
+    reader = None
+    with active_instance(app_config(embedded_kafka, tmp_path), pipeline) as (instance, m, config):
+        topic = config.input_topics[0]
+        rows = [user_record(topic, offset, "alice") for offset in range(3)]
+        MicroBatch(instance, pipeline, m)(spark.createDataFrame(rows, SCHEMA), 0)
+        reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
+    try:
+        released = reader.reports("pod-a", PARTITIONS)[0]
+    finally:
+        reader.close()
+
+    outputs = read_committed(config.bootstrap_servers, config.output_topic, PARTITIONS)
+    assert [(m.key(), m.value()) for m in outputs] == [(b"alice", b"3")]
+    assert released.role is ReportedRole.RELEASED
 
 
 def test_a_commit_that_fails_behind_fails_the_next_batch_and_the_next_tick(

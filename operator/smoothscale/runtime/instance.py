@@ -131,6 +131,64 @@ _STATE_DECODER = json.JSONDecoder()
 text at once (json.loads would first guess the encoding of the bytes, a third of its time)."""
 
 
+class BatchLock:
+    """The instance's lock: re-entrant, and its next turn can be kept for one thread.
+
+    `commit_behind` hands a batch's commit to a thread of its own while holding the lock; that
+    thread must be the next to hold it, before any tick, shutdown or batch without input, or
+    those would run before the commit they follow (a shutdown releasing the tasks with the
+    batch not committed, a release reported at the position before it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._turn = threading.Condition()
+        self._kept_for: int | None = None
+        """The thread whose turn is next (its ident), if one is kept."""
+        self._owner: int | None = None
+        self._depth = 0
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        me = threading.get_ident()
+        if self._owner == me:
+            self._lock.acquire()
+            self._depth += 1
+            return True
+        deadline = None if timeout < 0 else time.monotonic() + timeout
+        with self._turn:
+            while self._kept_for is not None and self._kept_for != me:
+                left = None if deadline is None else deadline - time.monotonic()
+                if not blocking or (left is not None and left <= 0):
+                    return False
+                self._turn.wait(left)
+        left = -1 if deadline is None else max(0.0, deadline - time.monotonic())
+        if not self._lock.acquire(blocking, left):
+            return False
+        self._owner, self._depth = me, 1
+        with self._turn:
+            if self._kept_for == me:
+                self._kept_for = None
+                self._turn.notify_all()
+        return True
+
+    def release(self) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self._owner = None
+        self._lock.release()
+
+    def keep_turn_for(self, thread: threading.Thread) -> None:
+        """Make `thread` (started) the next to hold the lock after its holder, the caller."""
+        with self._turn:
+            self._kept_for = thread.ident
+
+    def __enter__(self) -> "BatchLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.release()
+
+
 @dataclass
 class BatchInput:
     """One micro-batch, grouped by task (= input partition)."""
@@ -244,7 +302,7 @@ class Instance:
         self.metrics = metrics
         self.plan_path = plan_path
         self._send_dead_letters = send_dead_letters
-        self.lock = threading.RLock()
+        self.lock = BatchLock()
         self.stopping = False
         self._closed = False
         self.assignment = Assignment(generation=0)
@@ -489,6 +547,7 @@ class Instance:
                     target=self._commit, args=(batch, started), name="commit", daemon=True
                 )
                 self._committer.start()
+                self.lock.keep_turn_for(self._committer)
                 handed_over = True  # the committer ends the batch
         finally:
             if not handed_over:
