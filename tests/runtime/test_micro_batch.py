@@ -309,6 +309,40 @@ def test_a_shutdown_right_after_a_batch_commits_the_batch_first(
     assert released.role is ReportedRole.RELEASED
 
 
+def test_a_task_taken_while_a_batch_commits_behind_is_read_by_the_batch_after(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    """Batches back to back: each reads while the one before commits behind it. A task taken
+    meanwhile is not in the positions the next batch read from, but is in those of the one
+    after: where the instance says to read from is its own active set, not the last batch's."""
+    pipeline = counting()
+    with active_instance(app_config(embedded_kafka, tmp_path), pipeline) as (instance, _m, config):
+        topic = config.input_topics[0]
+        first = BatchInput(
+            ends={0: {topic: 1}}, updates={0: [("alice", 1)]}, read_from={(topic, 0): 0}
+        )
+        instance.commit_behind(first, instance.batch_began())
+        operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+        both = {task: TaskAssignment(role=TaskRole.ACTIVE, epoch=1) for task in (0, 1)}
+        operator.write("pod-a", Assignment(generation=2, tasks=both))
+        operator.close()
+        wait_for(
+            lambda: bool(instance.tick() or instance.active_tasks() == {0: 1, 1: 1}),
+            10,
+            "task 1 taken",
+        )
+        # Read before task 1 was taken, from where the first batch left task 0.
+        second = BatchInput(
+            ends={0: {topic: 2}}, updates={0: [("alice", 1)]}, read_from={(topic, 0): 1}
+        )
+        instance.commit_behind(second, instance.batch_began())
+        after = instance.read_from()  # while the second commits behind
+        state = instance.state_snapshot(0)
+
+    assert after == {(topic, 0): 2, (topic, 1): 0}
+    assert state == {"alice": 2}
+
+
 def test_a_commit_that_fails_behind_fails_the_next_batch_and_the_next_tick(
     embedded_kafka: EmbeddedKafka, tmp_path: Path
 ) -> None:

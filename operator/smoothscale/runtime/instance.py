@@ -220,12 +220,6 @@ class BatchInput:
     processor's handleInputRows raises on a grouping key: they go to the dead-letter topic.
     None: a handler raising fails the batch."""
 
-    def positions_after(self) -> dict[tuple[str, int], int]:
-        """The input positions once the batch has committed: `read_from`, moved to the end of
-        what the batch read."""
-        ends = {(topic, task): end for task, per in self.ends.items() for topic, end in per.items()}
-        return {**(self.read_from or {}), **ends}
-
 
 @dataclass
 class _Active:
@@ -542,7 +536,7 @@ class Instance:
                         self.metrics.observe_batch(time.monotonic() - started)
                     self.after_batch()
                     return
-                self._promised = batch.positions_after()
+                self._promised = self._positions_after(batch)
                 self._committer = threading.Thread(
                     target=self._commit, args=(batch, started), name="commit", daemon=True
                 )
@@ -794,11 +788,25 @@ class Instance:
         if promised is not None:
             return dict(promised)
         with self.lock:
-            return {
-                (topic, task): self._input_position(active.state, topic)
-                for task, active in self._active.items()
-                for topic in self.config.input_topics
-            }
+            return self._positions()
+
+    def _positions(self) -> dict[tuple[str, int], int]:
+        return {
+            (topic, task): self._input_position(active.state, topic)
+            for task, active in self._active.items()
+            for topic in self.config.input_topics
+        }
+
+    def _positions_after(self, batch: BatchInput) -> dict[tuple[str, int], int]:
+        """The active tasks' input positions once `batch` has committed (holding the lock,
+        nothing committing behind): the tasks active now, not those the batch read, so that
+        a task taken meanwhile is in the next batch's positions."""
+        positions = self._positions()
+        for task in set(batch.ends) & set(self._active):
+            if self._reads_on(task, batch):
+                for topic, end in batch.ends[task].items():
+                    positions[(topic, task)] = end
+        return positions
 
     def state_snapshot(self, task: TaskId) -> dict[str, Any]:
         """The pipeline store's content of an active task (for tools and tests), once every
@@ -819,7 +827,8 @@ class Instance:
                 return
             committed: dict[tuple[str, int], int] = {}
             for task in sorted(set(batch.ends) & set(self._active)):
-                if not self._read_at_position(task, batch):
+                if not self._reads_on(task, batch):
+                    log.info("task %d: the batch read it from elsewhere: left out", task)
                     continue
                 self._commit_task(task, batch)
                 if task not in self._active:
@@ -830,22 +839,16 @@ class Instance:
                 self._report(with_input_lag=False)
                 self._best_effort("commit the input positions", self._inputs.commit, committed)
 
-    def _read_at_position(self, task: TaskId, batch: BatchInput) -> bool:
-        """Whether the batch read the task from where its state is now (see
+    def _reads_on(self, task: TaskId, batch: BatchInput) -> bool:
+        """Whether the batch read the active task from where its state is now (see
         BatchInput.read_from)."""
         if batch.read_from is None:
             return True
         state = self._active[task].state
-        for topic in batch.ends[task]:
-            if batch.read_from.get((topic, task)) != self._input_position(state, topic):
-                log.info(
-                    "task %d: a batch read from %s while the task is now at %s: left out",
-                    task,
-                    batch.read_from.get((topic, task)),
-                    self._input_position(state, topic),
-                )
-                return False
-        return True
+        return all(
+            batch.read_from.get((topic, task)) == self._input_position(state, topic)
+            for topic in batch.ends[task]
+        )
 
     def run_due_without_input(self) -> list[TaskId]:
         """Spark runs a batch without data when a stateful processor has something to do with
