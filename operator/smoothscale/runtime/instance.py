@@ -523,11 +523,12 @@ class Instance:
         try:
             self._join_committer()
             with self.lock:
+                if self.stopping:
+                    return  # shut down or replaced meanwhile: nothing more is committed
                 self._poll_assignment()
                 waited_on = (
                     self._pending is not None
                     or self._activating
-                    or self.stopping
                     or self._follower.replaced_by is not None
                 )
                 if batch is None or not batch.ends or waited_on:
@@ -552,6 +553,8 @@ class Instance:
         try:
             with self.lock:
                 try:
+                    if self._closed:
+                        return  # a shutdown that gave up waiting closed the channels
                     self.commit_batch(batch)
                     self.metrics.observe_batch(time.monotonic() - started)
                     self.after_batch()
