@@ -267,6 +267,14 @@ def test_a_batch_with_no_input_commits_nothing(
     assert position == {(config.input_topics[0], 0): 0}
 
 
+def task_0_batch(topic: str, read_at: int, end: int, update: tuple[str, int]) -> BatchInput:
+    """A batch of task 0 as a micro-batch hands it to the instance: its rows read from `read_at`
+    up to `end`, one update."""
+    return BatchInput(
+        ends={0: {topic: end}}, updates={0: [update]}, read_from={(topic, 0): read_at}
+    )
+
+
 def test_a_batch_leaves_out_a_task_no_longer_where_the_batch_read_it_from(
     embedded_kafka: EmbeddedKafka, tmp_path: Path
 ) -> None:
@@ -276,9 +284,7 @@ def test_a_batch_leaves_out_a_task_no_longer_where_the_batch_read_it_from(
     pipeline = counting()
     with active_instance(app_config(embedded_kafka, tmp_path), pipeline) as (instance, _m, config):
         topic = config.input_topics[0]
-        read_elsewhere = BatchInput(
-            ends={0: {topic: 9}}, updates={0: [("alice", 2)]}, read_from={(topic, 0): 7}
-        )
+        read_elsewhere = task_0_batch(topic, read_at=7, end=9, update=("alice", 2))
         instance.commit_behind(read_elsewhere, instance.batch_began())
         state = instance.state_snapshot(0)
         position = instance.read_from()
@@ -318,9 +324,7 @@ def test_a_task_taken_while_a_batch_commits_behind_is_read_by_the_batch_after(
     pipeline = counting()
     with active_instance(app_config(embedded_kafka, tmp_path), pipeline) as (instance, _m, config):
         topic = config.input_topics[0]
-        first = BatchInput(
-            ends={0: {topic: 1}}, updates={0: [("alice", 1)]}, read_from={(topic, 0): 0}
-        )
+        first = task_0_batch(topic, read_at=0, end=1, update=("alice", 1))
         instance.commit_behind(first, instance.batch_began())
         operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
         both = {task: TaskAssignment(role=TaskRole.ACTIVE, epoch=1) for task in (0, 1)}
@@ -332,9 +336,7 @@ def test_a_task_taken_while_a_batch_commits_behind_is_read_by_the_batch_after(
             "task 1 taken",
         )
         # Read before task 1 was taken, from where the first batch left task 0.
-        second = BatchInput(
-            ends={0: {topic: 2}}, updates={0: [("alice", 1)]}, read_from={(topic, 0): 1}
-        )
+        second = task_0_batch(topic, read_at=1, end=2, update=("alice", 1))
         instance.commit_behind(second, instance.batch_began())
         after = instance.read_from()  # while the second commits behind
         state = instance.state_snapshot(0)
@@ -350,9 +352,7 @@ def test_a_commit_that_fails_behind_fails_the_next_batch_and_the_next_tick(
     with active_instance(app_config(embedded_kafka, tmp_path), pipeline) as (instance, _m, config):
         topic = config.input_topics[0]
         # No way to find the records `apply` raises on: the batch fails.
-        failing = BatchInput(
-            ends={0: {topic: 1}}, updates={0: [("mallory", 1)]}, read_from={(topic, 0): 0}
-        )
+        failing = task_0_batch(topic, read_at=0, end=1, update=("mallory", 1))
         instance.commit_behind(failing, instance.batch_began())
 
         with pytest.raises(RuntimeError, match="commit failed") as failed:

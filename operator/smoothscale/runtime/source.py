@@ -199,7 +199,7 @@ def read_plan(path: str | Path) -> Plan:
     return Plan(partitions=partitions, version=version, activations=activations)
 
 
-READS_SUFFIX = ".reads"
+_READS_SUFFIX = ".reads"
 """The directory beside the plan (`<plan.path>.reads`) where the source notes what each
 micro-batch read."""
 _BATCH_FILE = "batch.json"
@@ -220,8 +220,8 @@ class RangeRead:
     newest_ms: int | None = None
 
 
-def reads_directory(plan_path: str | Path) -> Path:
-    return Path(f"{plan_path}{READS_SUFFIX}")
+def _reads_directory(plan_path: str | Path) -> Path:
+    return Path(f"{plan_path}{_READS_SUFFIX}")
 
 
 def batch_reads(plan_path: str | Path) -> dict[tuple[str, int], RangeRead] | None:
@@ -229,7 +229,7 @@ def batch_reads(plan_path: str | Path) -> dict[tuple[str, int], RangeRead] | Non
     has read of them. Call it from `foreachBatch` after a Spark job read the whole batch: every
     range then has its `records`. None when the source has noted no batch (the rows did not
     come from this source)."""
-    directory = reads_directory(plan_path)
+    directory = _reads_directory(plan_path)
     try:
         planned = json.loads((directory / _BATCH_FILE).read_text())
     except (OSError, ValueError):
@@ -252,7 +252,7 @@ def _read_file(read: RangeRead) -> str:
 
 def note_planned(plan_path: str, ranges: "Sequence[KafkaRange]") -> None:
     """Note the ranges of the batch being planned, and forget what earlier batches read."""
-    directory = reads_directory(plan_path)
+    directory = _reads_directory(plan_path)
     directory.mkdir(exist_ok=True)
     planned = [RangeRead(r.topic, r.partition, r.start, r.end) for r in ranges]
     keep = {_BATCH_FILE, *(_read_file(read) for read in planned)}
@@ -266,7 +266,7 @@ def note_planned(plan_path: str, ranges: "Sequence[KafkaRange]") -> None:
 def note_read(plan_path: str, read: RangeRead) -> None:
     """Note what reading a whole range found (the same for every read of it: Kafka's records at
     those offsets do not change)."""
-    directory = reads_directory(plan_path)
+    directory = _reads_directory(plan_path)
     directory.mkdir(exist_ok=True)
     _replace(directory / _read_file(read), json.dumps([read.records, read.newest_ms]), sync=False)
 
@@ -378,7 +378,7 @@ class KafkaStreamReader(DataSourceStreamReader):
     def initialOffset(self) -> dict[str, Any]:
         """Where a query with a fresh checkpoint starts: every plan start. What an earlier
         query noted it read is forgotten."""
-        shutil.rmtree(reads_directory(self.options.plan_path), ignore_errors=True)
+        shutil.rmtree(_reads_directory(self.options.plan_path), ignore_errors=True)
         plan = self._plan()
         return {
             name: {"next": start, "start": start, "activation": plan.activation(name)}
