@@ -53,6 +53,7 @@ from devstack.stack import free_port
 from smoothscale.kafka import names
 from smoothscale.kafka.assignments import Assignment, AssignmentWriter, TaskAssignment
 from smoothscale.runtime.config import WorkerConfig
+from smoothscale.runtime.restore import QUEUE_BACKOFF_MS
 from smoothscale.runtime.source import write_plan
 from smoothscale.runtime.spark import local_session
 from smoothscale.tasks import TaskRole
@@ -131,12 +132,17 @@ def counted_by_processor(users: "DataFrame") -> "DataFrame":
 
 
 def _consumer(bootstrap_servers: str) -> Consumer:
+    """A read_committed consumer. Its fetcher waits as briefly as the restore's once its local
+    queue is full (`fetch.queue.backoff.ms`, docs/benchmarks/throughput.md): at librdkafka's
+    default of a second, about half the raw reads of the changelog stopped for 0.8-0.9 s just
+    before its end, and measured that wait rather than the reading."""
     return Consumer(
         {
             "bootstrap.servers": bootstrap_servers,
             "group.id": "throughput-benchmark",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
+            "fetch.queue.backoff.ms": QUEUE_BACKOFF_MS,
             "log_level": 3,
         }
     )

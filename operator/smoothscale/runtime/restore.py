@@ -41,6 +41,14 @@ _CONSUME_SECONDS = 0.02
 """Longest a consume of the restore loop waits for records, holding the loop's lock: a caller
 (the instance's tick: follow, unfollow, read positions) waits for it. An activation makes a few
 such calls per task; at 0.1 s each, a hand-over of two tasks spent 0.4 s on them (measured)."""
+QUEUE_BACKOFF_MS = 10
+"""How long the restore consumer waits to fetch again once its local queue is full (librdkafka's
+queued.min.messages, 100,000 records). A restore applies records more slowly than librdkafka
+fetches them, so its queue fills; at librdkafka's default of 1,000 ms the fetcher then stopped
+for a second while the loop drained the queue in about half that, and the restore waited out
+the rest. Measured on a changelog of 132,048 records (8 tasks, one process with its broker):
+81,496 records/s at the default, 102,659 at 10 ms (medians of 5). A full queue is looked at
+again every 10 ms, which costs nothing measurable."""
 _READ_WAIT_SECONDS = 0.02
 """How often `wait_until_read` looks at how far the loop has read."""
 RestoredCallback = Callable[[TaskId, int], None]
@@ -62,6 +70,7 @@ def restore_consumer(config: WorkerConfig) -> Consumer:
             "isolation.level": "read_committed",
             "auto.offset.reset": "error",
             "enable.partition.eof": False,
+            "fetch.queue.backoff.ms": QUEUE_BACKOFF_MS,
         }
     )
 
