@@ -18,7 +18,6 @@ from smoothscale.runtime.changelog import (
     marker,
     parse_record,
     tombstone,
-    with_headers,
 )
 from smoothscale.runtime.store import TaskState
 from smoothscale.runtime.writer import Writer
@@ -41,19 +40,22 @@ def restore(records: list[ChangelogRecord]) -> dict[str, object]:
         "input": outcome.changes.input_positions,
         "writer": outcome.changes.writers.get(STORE),
         "position": outcome.changes.positions[STORE],
-        "pending": [held[0] for held in outcome.cursor.pending],
+        "pending": [offset for run in outcome.cursor.pending for offset in run.offsets],
         "skipped": outcome.skipped,
     }
 
 
+EVERY_KIND = (
+    data(A, 3, "alice", {"count": 3}, b"d:alice@1.0.7.2"),
+    delete(A, 4, "alice", None),
+    closer(A, 4, {"clicks": 9}, b"c@1.0.7.3"),
+    marker(A, "pod-a"),
+    tombstone(B, b"d:alice@1.0.7.2"),
+)
+
+
 def test_records_round_trip_through_message_fields() -> None:
-    for record in (
-        data(A, 3, "alice", {"count": 3}, b"d:alice@1.0.7.2"),
-        delete(A, 4, "alice", None),
-        closer(A, 4, {"clicks": 9}, b"c@1.0.7.3"),
-        marker(A, "pod-a"),
-        tombstone(A, b"d:alice@1.0.7.2"),
-    ):
+    for record in EVERY_KIND:
         assert parse_record(record.key, record.value, record.headers()) == record
 
 
@@ -82,39 +84,53 @@ def test_a_batchs_changes_keep_the_record_format_byte_for_byte() -> None:
         data(A, 3, "carol", {"n": 2, "at": [1.5, True]}, None),
         data(A, 3, "dave", False, None),
     ]
-    assert records[0].headers() == [
-        ("smoothscale.kind", b"data"),
-        ("smoothscale.writer", b"1.0.7"),
-        ("smoothscale.epoch", b"1"),
-        ("smoothscale.batch", b"3"),
-        ("smoothscale.supersedes", b"d:alice@1.0.7.2"),
+    assert [r.headers() for r in records] == [
+        [("smoothscale.supersedes", b"d:alice@1.0.7.2")],
+        [("smoothscale.supersedes", b"d:bob@1.0.7.1")],
+        None,
+        None,
     ]
 
 
-def test_headers_shared_by_a_run_of_records_are_each_records_own() -> None:
-    run = [
-        marker(B, "pod-b"),
-        *changes(B, 1, {"alice": 1, "bob": None}, [None, b"d:bob@1.0.7.2"]),
-        closer(B, 1, {"clicks": 9}, b"c@1.0.7.2"),
-        *changes(B, 2, {"alice": 2}, [b"d:alice@2.1.3.1"]),
-        data(A, 2, "carol", 1, None),
-        tombstone(B, b"d:alice@2.1.3.1"),
-        tombstone(B, b"c@2.1.3.1"),
-    ]
-    assert [(record, headers) for record, headers in with_headers(run)] == [
-        (record, record.headers()) for record in run
-    ]
+def test_only_what_a_key_cannot_say_goes_in_headers() -> None:
+    assert marker(A, "pod-a").headers() is None
+    assert closer(A, 3, {}, None).headers() is None
+    assert closer(A, 3, {}, b"c@1.0.7.2").headers() == [("smoothscale.supersedes", b"c@1.0.7.2")]
+    # A tombstone's key is the record it reclaims, of another writer maybe: it names its own.
+    assert tombstone(B, b"d:alice@1.0.7.2").headers() == [("smoothscale.writer", b"2.1.3")]
+
+
+def test_records_of_earlier_releases_read_the_same() -> None:
+    # Until 2026-11-27 every record also carried its kind, writer, epoch and batch as headers.
+    def earlier(record: ChangelogRecord) -> list[tuple[str, bytes]]:
+        headers = [
+            ("smoothscale.kind", record.kind.value.encode()),
+            ("smoothscale.writer", str(record.writer).encode()),
+            ("smoothscale.epoch", str(record.writer.epoch).encode()),
+        ]
+        if record.batch is not None:
+            headers.append(("smoothscale.batch", str(record.batch).encode()))
+        if record.supersedes is not None:
+            headers.append(("smoothscale.supersedes", record.supersedes))
+        return headers
+
+    for record in EVERY_KIND:
+        assert parse_record(record.key, record.value, earlier(record)) == record
 
 
 def test_a_record_smoothscale_did_not_write_is_refused() -> None:
-    with pytest.raises(ChangelogFormatError, match="written by smoothscale only"):
-        parse_record(b"bob", b"5", None)
-    bad_kind = [("smoothscale.kind", b"epoch"), ("smoothscale.writer", b"1.0.0")]
-    with pytest.raises(ChangelogFormatError, match="bad smoothscale headers"):
-        parse_record(b"bob", b"5", bad_kind)
-    for not_a_data_key in (b"bob", b"d:bob", b"bob@1.0.7.3"):
-        with pytest.raises(ChangelogFormatError, match="not d:<key>@<writer>"):
-            parse_record(not_a_data_key, b"5", data(A, 3, "bob", 5, None).headers())
+    for foreign in (b"bob", b"d:bob", b"bob@1.0.7.3", b"x@1.0.7", b"cc@1.0.7.3"):
+        with pytest.raises(ChangelogFormatError, match="written by smoothscale only"):
+            parse_record(foreign, b"5", None)
+    for bad_writer_or_batch in (b"d:bob@1.0.7", b"c@1.0.7", b"m@1.0.7.3", b"d:bob@1.x.7.3"):
+        with pytest.raises(ChangelogFormatError, match="whose writer or batch is not one"):
+            parse_record(bad_writer_or_batch, b"5", None)
+    with pytest.raises(ChangelogFormatError, match=r"without the smoothscale\.writer header"):
+        parse_record(b"bob", None, None)
+    with pytest.raises(ChangelogFormatError, match="not a writer"):
+        parse_record(b"d:bob@1.0.7.3", None, [("smoothscale.writer", b"bob")])
+    with pytest.raises(ChangelogFormatError, match="without a key"):
+        parse_record(None, b"5", None)
 
 
 def test_restore_applies_closed_batches_in_order() -> None:

@@ -137,6 +137,10 @@ def test_the_old_format_with_fixed_keys_loses_state_under_compaction() -> None:
     )
     for records, loses in ((log, False), ([fixed(r) for r in log], True)):
         full = replay(records)
-        compacted = replay(as_records(compact(as_log(records), len(records), True)))
+        # The records that survive, by offset: the fixed keys name no writer, so the old
+        # format's records cannot be read back from their keys.
+        by_offset = dict(records)
+        kept = compact(as_log(records), len(records), True)
+        compacted = replay([(r.offset, by_offset[r.offset]) for r in kept])
         assert full.visible() == {"alice": 1, "bob": 1}
         assert (compacted.visible() != full.visible()) is loses

@@ -30,7 +30,7 @@ from devstack.kafka.front import KafkaFront
 from smoothscale.kafka.assignments import Assignment, AssignmentWriter, TaskAssignment
 from smoothscale.kafka.progress import ProgressReader, ReportedRole, TaskReport
 from smoothscale.runtime import instance as instance_module
-from smoothscale.runtime.changelog import BATCH_HEADER, KIND_HEADER, RecordKind
+from smoothscale.runtime.changelog import ChangelogFormatError, RecordKind, parse_record
 from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.instance import Instance
 from smoothscale.runtime.metrics import InstanceMetrics
@@ -397,12 +397,15 @@ def hooked(history: History, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
             hook.action()
 
     def with_hook(producer: TaskProducer, topic: str, **record: Any) -> None:
-        headers = dict(record["headers"])
-        kind, batch = headers.get(KIND_HEADER), headers.get(BATCH_HEADER)
-        if kind == RecordKind.CLOSE.value.encode() and batch != b"0":  # not a start position
+        try:
+            changelog = parse_record(record["key"], record["value"], record["headers"])
+            kind, batch = changelog.kind, changelog.batch
+        except ChangelogFormatError:  # an output record
+            kind, batch = None, None
+        if kind is RecordKind.CLOSE and batch != 0:  # not a start position
             run(producer, "closer")
         produce(producer, topic, **record)
-        if kind == RecordKind.MARKER.value.encode():
+        if kind is RecordKind.MARKER:
             run(producer, "marker")
 
     def with_commit_hook(

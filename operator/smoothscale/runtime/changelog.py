@@ -3,10 +3,8 @@
 A changelog topic may be compacted, which keeps only the newest record per record key. So
 every record key is unique to the writer (`Writer`, one activation of one owner) and batch that
 wrote it, and a record is removed only by a Kafka tombstone its writer sends once the record
-that superseded it is verified legitimate (docs/runtime.md gives the argument). Every record
-carries the headers `smoothscale.kind`, `smoothscale.writer` ("E.S.N"), `smoothscale.epoch`
-(for humans) and, for data, delete and close records, `smoothscale.batch` (1, 2, ... per
-writer) and `smoothscale.supersedes` (the record key this one replaces, if any):
+that superseded it is verified legitimate (docs/runtime.md gives the argument). A record's key
+says its kind, writer ("E.S.N") and batch (1, 2, ... per writer):
 
 - `marker`: key `m@E.S.N`, the first record a writer writes on each of its task's changelog
   partitions (value: `{"epoch", "session", "instance"}`);
@@ -16,23 +14,32 @@ writer) and `smoothscale.supersedes` (the record key this one replaces, if any):
 - `delete`: the same key form, value empty (not a Kafka tombstone);
 - `tombstone`: key = a superseded record key, value null: lets compaction reclaim it.
 
-Changelogs are written only by smoothscale: a record without its headers is an error.
+Headers carry only what the key cannot: `smoothscale.supersedes` on a data, delete or close
+record that replaces another (that record's key), and `smoothscale.writer` on a tombstone (its
+key names the record it reclaims, not who wrote it). A restore reads every record, and reading
+five headers a record was most of its cost; records of earlier releases, which also carry
+`smoothscale.kind`, `smoothscale.epoch` and `smoothscale.batch`, read the same.
+
+Changelogs are written only by smoothscale: a record whose key is not one of these is an error.
+The restore reads records in runs (`Run`: consecutive records of one kind, writer and batch),
+split by the C module `_changelog` and applied by `fold_runs`.
 """
 
 import functools
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, NamedTuple
+from itertools import repeat
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from smoothscale.runtime.store import Entry, StateChanges
 from smoothscale.runtime.writer import Writer
 
-KIND_HEADER = "smoothscale.kind"
+if TYPE_CHECKING:
+    from smoothscale.runtime._changelog import Item
+
 WRITER_HEADER = "smoothscale.writer"
-EPOCH_HEADER = "smoothscale.epoch"
-BATCH_HEADER = "smoothscale.batch"
 SUPERSEDES_HEADER = "smoothscale.supersedes"
 
 _DATA_PREFIX = b"d:"
@@ -49,12 +56,21 @@ class RecordKind(StrEnum):
     TOMBSTONE = "tombstone"
 
 
-_BATCHED = {RecordKind.CLOSE, RecordKind.DATA, RecordKind.DELETE}
-_CHANGES_STATE = {RecordKind.DATA, RecordKind.DELETE}
-# The kinds a restore tests every record against, as plain names: looking a member up on the
+KIND_CODES = (
+    RecordKind.MARKER,
+    RecordKind.CLOSE,
+    RecordKind.DATA,
+    RecordKind.DELETE,
+    RecordKind.TOMBSTONE,
+)
+"""The kinds by the numbers `_changelog.runs` gives them."""
+# The kinds a restore tests every run against, as plain names: looking a member up on the
 # enum class costs a Python-level attribute lookup each time.
 _TOMBSTONE, _CLOSE, _DATA = RecordKind.TOMBSTONE, RecordKind.CLOSE, RecordKind.DATA
-_DELETE = RecordKind.DELETE
+_DELETE, _MARKER = RecordKind.DELETE, RecordKind.MARKER
+_ONLY_SMOOTHSCALE = (
+    "the changelog must be written by smoothscale only (is another app using the same topic?)"
+)
 
 
 class ChangelogFormatError(ValueError):
@@ -62,8 +78,7 @@ class ChangelogFormatError(ValueError):
 
 
 class ChangelogRecord(NamedTuple):
-    """One changelog record. A named tuple, not a dataclass: a restore makes one per record
-    it reads, and a frozen dataclass's construction costs several times more."""
+    """One changelog record. A named tuple, not a dataclass: tests and tools make many."""
 
     kind: RecordKind
     writer: Writer
@@ -74,10 +89,11 @@ class ChangelogRecord(NamedTuple):
     supersedes: bytes | None = None
     """The record key this record replaces: garbage once this record is applied."""
 
-    def headers(self) -> Headers:
-        return _with_supersedes(
-            _shared_headers(self.kind, self.writer, self.batch), self.supersedes
-        )
+    def headers(self) -> Headers | None:
+        """What the key does not say (see the module's documentation); None: no headers."""
+        if self.kind is _TOMBSTONE:
+            return [(WRITER_HEADER, str(self.writer).encode())]
+        return None if self.supersedes is None else [(SUPERSEDES_HEADER, self.supersedes)]
 
     def state_key(self) -> bytes:
         """The state key a data or delete record changes."""
@@ -85,38 +101,6 @@ class ChangelogRecord(NamedTuple):
         if key is None:
             raise ValueError(f"{self.kind} record {self.key!r} changes no state key")
         return key
-
-
-def _shared_headers(kind: RecordKind, writer: Writer, batch: int | None) -> Headers:
-    """The headers every record of one kind, writer and batch has, in their order."""
-    headers: Headers = [
-        (KIND_HEADER, kind.value.encode()),
-        (WRITER_HEADER, str(writer).encode()),
-        (EPOCH_HEADER, str(writer.epoch).encode()),
-    ]
-    if batch is not None:
-        headers.append((BATCH_HEADER, str(batch).encode()))
-    return headers
-
-
-def _with_supersedes(shared: Headers, supersedes: bytes | None) -> Headers:
-    return shared if supersedes is None else [*shared, (SUPERSEDES_HEADER, supersedes)]
-
-
-def with_headers(records: Iterable[ChangelogRecord]) -> Iterator[tuple[ChangelogRecord, Headers]]:
-    """Each record with its `headers()`, the headers shared by a run of records of one kind,
-    writer and batch built once for the run: a micro-batch's commit produces thousands of data
-    records of one writer and batch, and building each one's headers anew took 6-9% of the
-    commit's time on the driver (profiles, docs/benchmarks/throughput.md)."""
-    kind: RecordKind | None = None
-    writer: Writer | None = None
-    batch: int | None = None
-    shared: Headers = []
-    for record in records:
-        if record.kind is not kind or record.writer is not writer or record.batch != batch:
-            kind, writer, batch = record.kind, record.writer, record.batch
-            shared = _shared_headers(kind, writer, batch)
-        yield record, _with_supersedes(shared, record.supersedes)
 
 
 def state_key_of(record_key: bytes) -> bytes | None:
@@ -177,8 +161,8 @@ def changes(
     each one replaces. The keys' common end (writer and batch) is built once: a micro-batch
     changes thousands of keys."""
     suffix = f"@{writer}.{batch}".encode()
-    # tuple.__new__ directly, as in parse_record: the named tuple's own __new__ is a Python
-    # function, called once per changed key.
+    # tuple.__new__ directly: the named tuple's own __new__ is a Python function, called once
+    # per changed key.
     return [
         tuple.__new__(
             ChangelogRecord,
@@ -207,58 +191,132 @@ def parse_record(
     key: bytes | None, value: bytes | None, headers: MessageHeaders
 ) -> ChangelogRecord:
     """The record a changelog message holds (headers as confluent-kafka gives them: a list of
-    (name, bytes) pairs; a dict, or text values, are read too)."""
-    fields = dict(headers) if headers else {}
-    writer_header, kind_header = fields.get(WRITER_HEADER), fields.get(KIND_HEADER)
-    if writer_header is None or kind_header is None:
-        raise ChangelogFormatError(
-            f"a record without the {WRITER_HEADER} and {KIND_HEADER} headers: the changelog "
-            "must be written by smoothscale only (is another app using the same topic?)"
-        )
-    try:
-        writer = _writer(writer_header)
-        kind = _KINDS[kind_header]
-        batch = int(fields[BATCH_HEADER] or b"") if kind in _BATCHED else None
-    except (ValueError, KeyError, TypeError) as error:
-        raise ChangelogFormatError(f"bad smoothscale headers {fields!r}: {error!r}") from error
+    (name, bytes) pairs; a dict, or text values, are read too).
+
+    This is the definition of the format; the restore reads the same records faster with
+    `_changelog.runs`, which leaves every record it does not read the same way to this."""
     if key is None:
         raise ChangelogFormatError("a changelog record without a key")
-    if (value is None) != (kind is _TOMBSTONE):
-        raise ChangelogFormatError(f"a {kind} record {key!r} with value {value!r}")
-    if kind in _CHANGES_STATE and (not key.startswith(_DATA_PREFIX) or b"@" not in key):
-        raise ChangelogFormatError(f"a {kind} record with the key {key!r}, not d:<key>@<writer>")
+    fields = dict(headers) if headers else {}
+    if value is None:
+        writer_header = fields.get(WRITER_HEADER)
+        if writer_header is None:
+            raise ChangelogFormatError(
+                f"a tombstone of {key!r} without the {WRITER_HEADER} header: {_ONLY_SMOOTHSCALE}"
+            )
+        try:
+            writer = _writer(writer_header)
+        except ValueError as error:
+            raise ChangelogFormatError(
+                f"a tombstone of {key!r} with the {WRITER_HEADER} header {writer_header!r}, "
+                f"not a writer: {error}"
+            ) from error
+        return tuple.__new__(ChangelogRecord, (_TOMBSTONE, writer, key, None, None, None))
+    at = key.rfind(b"@")
+    if key.startswith(_DATA_PREFIX) and at >= _DATA_PREFIX_LENGTH:
+        kind = _DATA if value else _DELETE
+    elif at == 1 and key[:1] == b"c":
+        kind = _CLOSE
+    elif at == 1 and key[:1] == b"m":
+        kind = _MARKER
+    else:
+        raise ChangelogFormatError(
+            f"a record with the key {key!r}, not m@<writer>, c@<writer>.<batch> or "
+            f"d:<state key>@<writer>.<batch>: {_ONLY_SMOOTHSCALE}"
+        )
+    try:
+        writer, batch = _writer_and_batch(key[at + 1 :], batched=kind is not _MARKER)
+    except ValueError as error:
+        raise ChangelogFormatError(
+            f"a {kind} record with the key {key!r}, whose writer or batch is not one: {error}"
+        ) from error
     supersedes = fields.get(SUPERSEDES_HEADER)
     if isinstance(supersedes, str):
         supersedes = supersedes.encode()
-    # tuple.__new__ directly: the named tuple's own __new__ is a Python function, and a
-    # restore parses every record (a fifth of this function's time).
+    # tuple.__new__ directly: the named tuple's own __new__ is a Python function.
     return tuple.__new__(ChangelogRecord, (kind, writer, key, value, batch, supersedes))
 
 
-_KINDS: dict[str | bytes, RecordKind] = {
-    **{kind.value.encode(): kind for kind in RecordKind},
-    **{kind.value: kind for kind in RecordKind},
-}
+@functools.lru_cache(maxsize=4096)
+def _writer_and_batch(suffix: bytes, batched: bool) -> tuple[Writer, int | None]:
+    """The writer and batch a record key's end names (`E.S.N.B`, or `E.S.N` for a marker)."""
+    if not batched:
+        return _writer(suffix), None
+    writer, dot, batch = suffix.rpartition(b".")
+    if not dot:
+        raise ValueError(f"{suffix!r} has no batch")
+    return _writer(writer), int(batch)
 
 
 @functools.lru_cache(maxsize=1024)
 def _writer(header: bytes | str) -> Writer:
-    """The writer a header names. A changelog holds few writers (one per activation) and a
-    restore reads each one's name on every record: parsed once each (restore profile: a
-    quarter of the time went to parsing headers). The same object each time, so the fold
-    compares a record's writer with the highest one by identity first."""
+    """The writer a record key or header names. A changelog holds few writers (one per
+    activation) and a restore reads them on every run: parsed once each. The same object each
+    time, so the fold compares a run's writer with the highest one by identity first."""
     return Writer.parse(header.decode() if isinstance(header, bytes) else header)
 
 
 Positioned = tuple[int, ChangelogRecord]
 """A changelog record with its offset."""
 
-Held = tuple[int, bytes, bytes | None, bytes | None, int]
-"""A data or delete record of W*'s batch not closed yet: (offset, record key, value (None: a
-delete), the record key it supersedes, batch). A plain tuple of bytes and numbers, not a record:
-Python's garbage collector stops tracking such a tuple (it never traverses it again), and a
-restore holds up to a whole batch of them per task while it reads the batch (measured: with
-records held, a quarter of a restore's time went to full collections)."""
+
+class Run(NamedTuple):
+    """Consecutive records of one changelog partition of one kind, writer and batch, in offset
+    order: what a restore reads at once. A batch's records come in one run, and the fold
+    applies a run in bulk; each list holds one entry per record."""
+
+    kind: RecordKind
+    writer: Writer
+    batch: int | None
+    offsets: list[int]
+    keys: list[bytes]
+    values: list[bytes | None]
+    supersedes: list[bytes | None]
+    state_keys: list[bytes | None]
+    """Each record key's state key (`state_key_of`), None for a record key of no state key."""
+
+    def without(self, record_keys: set[bytes]) -> "Run":
+        """This run less the records whose key is in `record_keys`."""
+        kept = [i for i, key in enumerate(self.keys) if key not in record_keys]
+        if len(kept) == len(self.keys):
+            return self
+        return self._replace(
+            offsets=[self.offsets[i] for i in kept],
+            keys=[self.keys[i] for i in kept],
+            values=[self.values[i] for i in kept],
+            supersedes=[self.supersedes[i] for i in kept],
+            state_keys=[self.state_keys[i] for i in kept],
+        )
+
+
+SLOW = -1
+"""The kind `_changelog.runs` gives a message it leaves to `parse_record`."""
+
+
+def run_of(item: "Item") -> Run:
+    """The run an item of `_changelog.runs` holds (not a SLOW one)."""
+    kind, writer, batch = item[2], item[3], item[4]
+    return Run(KIND_CODES[kind], _writer(writer), batch, *cast(_Columns, item[5:]))
+
+
+_Columns = tuple[list[int], list[bytes], list[bytes | None], list[bytes | None], list[bytes | None]]
+
+
+def runs_of(records: Iterable[Positioned]) -> list[Run]:
+    """`records` (in offset order) as runs."""
+    found: list[Run] = []
+    for offset, record in records:
+        kind, writer, key, value, batch, supersedes = record
+        last = found[-1] if found else None
+        if last is None or (last.kind, last.writer, last.batch) != (kind, writer, batch):
+            last = Run(kind, writer, batch, [], [], [], [], [])
+            found.append(last)
+        last.offsets.append(offset)
+        last.keys.append(key)
+        last.values.append(value)
+        last.supersedes.append(supersedes)
+        last.state_keys.append(state_key_of(key))
+    return found
 
 
 @dataclass
@@ -269,8 +327,8 @@ class Cursor:
     """The highest writer seen (W*)."""
     closed: int = -1
     """The batch W* last closed."""
-    pending: list[Held] = field(default_factory=list)
-    """The records of W*'s batch not closed yet, in order."""
+    pending: list[Run] = field(default_factory=list)
+    """The data and delete records of W*'s batch not closed yet, in order."""
 
 
 @dataclass
@@ -285,7 +343,14 @@ class RestoreOutcome:
 def fold(
     store: str, records: Iterable[Positioned], cursor: Cursor, next_position: int
 ) -> RestoreOutcome:
-    """The state changes a run of `store`'s changelog records makes, in offset order.
+    """`fold_runs` of `records` (in offset order)."""
+    return fold_runs(store, runs_of(records), cursor, next_position)
+
+
+def fold_runs(
+    store: str, runs: Iterable[Run], cursor: Cursor, next_position: int
+) -> RestoreOutcome:
+    """The state changes that `store`'s changelog records make, read in runs, in offset order.
 
     1. A tombstone takes its record key out of the garbage set. It changes state only for a
        reader of a compacted log that missed what superseded the record (a reclaimed delete,
@@ -300,13 +365,12 @@ def fold(
        failed transaction, so a later batch proves the earlier one committed). Its records
        then apply at once, with the closer's input position when the closer is there.
 
-    `cursor` is where the previous run stopped, `next_position` the changelog offset after
-    this run. The outcome's changes hold the new W*, its closed batch and the position to
-    resume from (the first pending record's offset, or `next_position`); its cursor, the
-    pending batch for the next run.
-
-    The loop is a restore's hot path, one pass per record: the cursor's fields are local
-    variables, each record is unpacked once, and a closed batch goes to the changes in bulk.
+    Every record of a run has the same kind, writer and batch, so what the rules decide for
+    its first record holds for the rest: the rules run once a run, and its records apply in
+    bulk. `cursor` is where the previous call stopped, `next_position` the changelog offset
+    after these runs. The outcome's changes hold the new W*, its closed batch and the
+    position to resume from (the first pending record's offset, or `next_position`); its
+    cursor, the pending batch for the next call.
     """
     changes = StateChanges()
     entries = changes.entries.setdefault(store, {})
@@ -319,54 +383,64 @@ def fold(
         """Apply the pending batch: each data record sets its key, each delete keeps a
         deleted entry, and every record key they supersede is garbage."""
         nonlocal closed
-        entries.update(
-            [
-                (key[_DATA_PREFIX_LENGTH : key.rindex(b"@")], tuple.__new__(Entry, (key, value)))
-                for _offset, key, value, _superseded, _batch in pending
-            ]
-        )
-        superseded = {held[3] for held in pending if held[3] is not None}
+        superseded: set[bytes] = set()
+        for run in pending:
+            values = run.values if run.kind is _DATA else repeat(None, len(run.keys))
+            # Entries made by tuple.__new__ in C: the named tuple's __new__ is a Python call.
+            made = map(tuple.__new__, repeat(Entry), zip(run.keys, values, strict=True))
+            entries.update(zip(cast(list[bytes], run.state_keys), made, strict=True))
+            superseded.update(key for key in run.supersedes if key is not None)
         collected = changes.collected.get(store)
         if collected:
             collected -= superseded
         garbage.update(superseded)
-        closed = pending[0][4]
+        closed = _open_batch(pending)
         pending.clear()
 
-    for offset, (kind, writer, key, value, batch, supersedes) in records:
+    for run in runs:
+        kind, writer, batch = run.kind, run.writer, run.batch
         if kind is _TOMBSTONE:
-            changes.reclaim(store, key, state_key_of(key))
+            changes.reclaim_all(store, run.keys, run.state_keys)
             if pending:
-                pending[:] = [held for held in pending if held[1] != key]
+                reclaimed = set(run.keys)
+                pending[:] = [kept for held in pending if (kept := held.without(reclaimed)).keys]
             continue
-        if writer is not highest:  # most records are W*'s own: compared by identity
+        if writer is not highest:  # most runs are W*'s own: compared by identity
             if highest is not None and writer < highest:
-                skipped += 1
+                skipped += len(run.keys)
                 continue
             if highest is None or writer > highest:
                 pending.clear()
                 closed = -1
             highest = writer
-        applied += 1
+        applied += len(run.keys)
         if batch is None or batch <= closed:
             continue
-        if pending and pending[0][4] < batch:
+        if pending and _open_batch(pending) < batch:
             close()
         if kind is _CLOSE:
+            # The first closer of the run closes the batch; any other is of a batch closed.
             if pending:
                 close()
-            if value is not None:
-                closed = batch
-                positions = json.loads(value)["input"]
-                changes.input_positions.update({t: int(p) for t, p in positions.items()})
-                if supersedes is not None:
-                    changes.supersede(store, supersedes)
+            closed = batch
+            positions = json.loads(run.values[0] or b"")["input"]
+            changes.input_positions.update({t: int(p) for t, p in positions.items()})
+            if run.supersedes[0] is not None:
+                changes.supersede(store, run.supersedes[0])
         else:
-            pending.append((offset, key, value if kind is _DATA else None, supersedes, batch))
-    position = pending[0][0] if pending else next_position
+            pending.append(run)
+    position = pending[0].offsets[0] if pending else next_position
     changes.positions[store] = position
     changes.verified[store] = position
     if highest is not None:
         changes.writers[store] = highest
         changes.closed_batches[store] = closed
     return RestoreOutcome(changes, Cursor(highest, closed, pending), applied, skipped)
+
+
+def _open_batch(pending: list[Run]) -> int:
+    """The batch of the pending records (a data or delete run always has one)."""
+    batch = pending[0].batch
+    if batch is None:
+        raise ValueError(f"a pending {pending[0].kind} run without a batch")
+    return batch

@@ -22,13 +22,16 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from smoothscale.kafka import names
 from smoothscale.kafka.following import FOLLOWER_SETTINGS
 from smoothscale.kafka.watermarks import watermarks
+from smoothscale.runtime._changelog import runs
 from smoothscale.runtime.changelog import (
+    SLOW,
     ChangelogFormatError,
     Cursor,
-    Held,
-    Positioned,
-    fold,
+    Run,
+    fold_runs,
     parse_record,
+    run_of,
+    runs_of,
 )
 from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.store import TaskState
@@ -48,7 +51,7 @@ fetches them, so its queue fills; at librdkafka's default of 1,000 ms the fetche
 for a second while the loop drained the queue in about half that, and the restore waited out
 the rest. Measured on a changelog of 132,048 records (8 tasks, one process with its broker):
 81,496 records/s at the default, 102,659 at 10 ms (medians of 5). A full queue is looked at
-again every 10 ms, which costs nothing measurable."""
+again every 10 ms."""
 _READ_WAIT_SECONDS = 0.02
 """How often `wait_until_read` looks at how far the loop has read."""
 RestoredCallback = Callable[[TaskId, int], None]
@@ -114,7 +117,7 @@ class _Applier:
     def __init__(self, changelog_topics: Mapping[str, str]) -> None:
         self._store_of = {topic: store for store, topic in changelog_topics.items()}
         self._topic_of = dict(changelog_topics)
-        self._pending: dict[tuple[TaskId, str], list[Held]] = {}
+        self._pending: dict[tuple[TaskId, str], list[Run]] = {}
         self._read_to: dict[tuple[TaskId, str], int] = {}
         self.failures: dict[TaskId, str] = {}
         """Tasks whose changelog is unusable, with the error; their records are not applied."""
@@ -175,47 +178,54 @@ class _Applier:
     def apply(
         self, consumer: Consumer, messages: list[Message], states: Mapping[TaskId, TaskState]
     ) -> dict[TaskId, int]:
-        """Apply `messages`; returns the records applied or skipped per task.
-
-        Takes the messages out of the list as it reads them, so that each one is freed once
-        parsed: a message keeps its parsed headers (six objects the garbage collector tracks),
-        and a chunk of them held to its end made the collector run far more often."""
-        runs: dict[tuple[str, int], list[Positioned]] = {}
-        run: list[Positioned] = []
-        run_topic, run_partition = None, None
-        messages.reverse()
-        while messages:
-            message = messages.pop()
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._AUTO_OFFSET_RESET:
-                    self._out_of_range(consumer, message.partition(), states)
-                elif error.code() != KafkaError._PARTITION_EOF:
-                    log.warning("changelog read error: %s", error)
+        """Apply `messages` (emptying the list: each message is freed once read); returns the
+        records applied or skipped per task."""
+        found: dict[tuple[str, int], list[Run]] = {}
+        items = runs(messages)
+        messages.clear()
+        for item in items:
+            topic, partition, kind = item[0], item[1], item[2]
+            if kind == SLOW:
+                run = self._read(consumer, item[3], states)
+            elif partition in states and partition not in self.failures:
+                run = run_of(item)
+            else:
                 continue
-            topic, partition = message.topic(), message.partition()
-            if topic is None or partition is None or partition not in states:
-                continue
-            if partition in self.failures:
-                continue
-            if partition != run_partition or topic != run_topic:
-                run = runs.setdefault((topic, partition), [])
-                run_topic, run_partition = topic, partition
-            try:
-                record = parse_record(message.key(), message.value(), message.headers())
-            except ChangelogFormatError as format_error:
-                where = f"{topic}[{partition}] at offset {message.offset()}"
-                self.failures[partition] = foreign_record_error(partition, where, format_error)
-                log.error("%s", self.failures[partition])
-                continue
-            run.append((message.offset() or 0, record))
+            if run is not None:
+                found.setdefault((topic, partition), []).append(run)
         counts: dict[TaskId, int] = {}
-        for (topic, partition), records in runs.items():
+        for (topic, partition), task_runs in found.items():
             if partition in self.failures:
                 continue
-            self._fold(consumer, states[partition], self._store_of[topic], records)
-            counts[partition] = counts.get(partition, 0) + len(records)
+            self._fold(consumer, states[partition], self._store_of[topic], task_runs)
+            counts[partition] = counts.get(partition, 0) + sum(len(r.keys) for r in task_runs)
         return counts
+
+    def _read(
+        self, consumer: Consumer, message: Message, states: Mapping[TaskId, TaskState]
+    ) -> Run | None:
+        """The one-record run of a message `runs` left to parse_record; None for an error
+        (handled here) or a record of no task followed."""
+        error = message.error()
+        if error is not None:
+            if error.code() == KafkaError._AUTO_OFFSET_RESET:
+                self._out_of_range(consumer, message.partition(), states)
+            elif error.code() != KafkaError._PARTITION_EOF:
+                log.warning("changelog read error: %s", error)
+            return None
+        topic, partition = message.topic(), message.partition()
+        if topic is None or partition is None or partition not in states:
+            return None
+        if partition in self.failures:
+            return None
+        try:
+            record = parse_record(message.key(), message.value(), message.headers())
+        except ChangelogFormatError as format_error:
+            where = f"{topic}[{partition}] at offset {message.offset()}"
+            self.failures[partition] = foreign_record_error(partition, where, format_error)
+            log.error("%s", self.failures[partition])
+            return None
+        return runs_of([(message.offset() or 0, record)])[0]
 
     def advance_idle(self, consumer: Consumer, states: Mapping[TaskId, TaskState]) -> None:
         """Move positions past trailing commit markers that deliver no message."""
@@ -225,18 +235,16 @@ class _Applier:
             for store in state.stores:
                 self._fold(consumer, state, store, [])
 
-    def _fold(
-        self, consumer: Consumer, state: TaskState, store: str, records: list[Positioned]
-    ) -> None:
+    def _fold(self, consumer: Consumer, state: TaskState, store: str, runs: list[Run]) -> None:
         key = (state.task, store)
         topic = self._topic_of[store]
         position = consumer.position([TopicPartition(topic, state.task)])[0].offset
-        if records:
-            position = max(position, records[-1][0] + 1)
-        if not records and position <= self._read_to.get(key, state.position(store)):
+        if runs:
+            position = max(position, runs[-1].offsets[-1] + 1)
+        if not runs and position <= self._read_to.get(key, state.position(store)):
             return
         cursor = Cursor(state.writer(store), state.closed_batch(store), self._pending.get(key, []))
-        outcome = fold(store, records, cursor, position)
+        outcome = fold_runs(store, runs, cursor, position)
         state.apply(outcome.changes)
         self._pending[key] = outcome.cursor.pending
         self._read_to[key] = position

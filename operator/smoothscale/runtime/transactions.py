@@ -23,13 +23,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from smoothscale.kafka import names
-from smoothscale.runtime.changelog import (
-    EPOCH_HEADER,
-    ChangelogRecord,
-    Headers,
-    json_bytes,
-    with_headers,
-)
+from smoothscale.runtime.changelog import ChangelogRecord, Headers, json_bytes
 from smoothscale.runtime.config import WorkerConfig
 from smoothscale.tasks import TaskId
 
@@ -40,6 +34,8 @@ retriable _TIMED_OUT, "retry call to resume"): only the same call resumes it, an
 transactional call meanwhile is refused as conflicting. On Kafka the transaction ends by itself
 at transaction.timeout.ms (60 s here), so the calls end by then with an answer."""
 
+EPOCH_HEADER = "smoothscale.epoch"
+"""The header of every output record: the epoch of the owner that wrote it."""
 _ANY_PARTITION = -1
 """Let the producer's partitioner choose (librdkafka's RD_KAFKA_PARTITION_UA)."""
 _OUTPUT_ENCODER = json.JSONEncoder(separators=(",", ":"))
@@ -140,12 +136,12 @@ class TaskProducer:
             self._producer.begin_transaction()
             for store, records in changelog.items():
                 topic = self._changelog_topics[store]
-                for record, headers in with_headers(records):
+                for record in records:
                     self._produce(
                         topic,
                         key=record.key,
                         value=record.value,
-                        headers=headers,
+                        headers=record.headers(),
                         on_delivery=on_delivery,
                         partition=self.task,
                     )
@@ -193,7 +189,7 @@ class TaskProducer:
         *,
         key: bytes,
         value: bytes | None,
-        headers: Headers,
+        headers: Headers | None,
         on_delivery: Callable[[KafkaError | None, Message], None],
         partition: int,
     ) -> None:
