@@ -45,7 +45,7 @@ def test_a_delete_is_kept_until_its_own_record_is_reclaimed(tmp_path: Path) -> N
         assert state.get("counts", b"bob") is None
         assert state.record_keys("counts", [b"bob"]) == [b"d:bob@1.0.0.2"]
         reclaim = StateChanges()
-        reclaim.reclaim("counts", b"d:bob@1.0.0.2", b"bob")
+        reclaim.reclaim("counts", [b"d:bob@1.0.0.2"], [b"bob"])
         state.apply(reclaim)
         assert state.record_keys("counts", [b"bob"]) == [None]
     finally:

@@ -400,7 +400,7 @@ def fold_runs(
     for run in runs:
         kind, writer, batch = run.kind, run.writer, run.batch
         if kind is _TOMBSTONE:
-            changes.reclaim_all(store, run.keys, run.state_keys)
+            changes.reclaim(store, run.keys, run.state_keys)
             if pending:
                 reclaimed = set(run.keys)
                 pending[:] = [kept for held in pending if (kept := held.without(reclaimed)).keys]

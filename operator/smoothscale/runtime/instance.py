@@ -934,8 +934,8 @@ class Instance:
                 applied.put(store, state_key, record.key, record.value)
             else:
                 applied.delete(store, state_key, record.key)
-        for record in reclaim:
-            applied.reclaim(store, record.key, state_key_of(record.key))
+        reclaimed = [record.key for record in reclaim]
+        applied.reclaim(store, reclaimed, [state_key_of(key) for key in reclaimed])
         active.state.apply(applied)
         active.batch, active.last_closer = number, closing.key
         newest = batch.newest.get(task)

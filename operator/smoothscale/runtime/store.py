@@ -79,21 +79,16 @@ class StateChanges:
             collected.discard(record_key)
         self.garbage.setdefault(store, set()).add(record_key)
 
-    def reclaim(self, store: str, record_key: bytes, state_key: bytes | None) -> None:
-        """`record_key` (of `state_key`, for a data or delete record) was tombstoned: out of
-        the garbage set, and a key whose entry is still that record is forgotten (a reader of
-        a compacted log can miss the records that superseded it: reclaimed deletes)."""
-        self.reclaim_all(store, [record_key], [state_key])
+    def reclaim(self, store: str, record_keys: list[bytes], state_keys: list[bytes | None]) -> None:
+        """`record_keys` were tombstoned (each of `state_keys`, for a data or delete record;
+        None for another): out of the garbage set, and a key whose entry is still one of those
+        records is forgotten (a reader of a compacted log can miss the records that superseded
+        it: reclaimed deletes).
 
-    def reclaim_all(
-        self, store: str, record_keys: list[bytes], state_keys: list[bytes | None]
-    ) -> None:
-        """`reclaim` of each of `record_keys`, with its state key in `state_keys`.
-
-        A record key superseded in these same changes (in `garbage`, the usual case: a batch's
-        tombstones follow the batch that superseded their records) is only taken out of it:
-        it never reached the store's garbage set, so it needs no delete there (a restore of
-        the benchmark's changelog wrote a quarter fewer RocksDB entries)."""
+        A record key superseded in these same changes (in `garbage`: a restore read its
+        tombstone in the same chunk as its successor) is only taken out of them: it never
+        reached the store's garbage set, so it needs no delete there (on a changelog with a
+        tombstone after every data record, a quarter of a restore's RocksDB entries)."""
         garbage = self.garbage.get(store)
         collected = self.collected.setdefault(store, set())
         if garbage:
