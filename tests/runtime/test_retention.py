@@ -50,10 +50,12 @@ def write_batches(config: WorkerConfig, first: int, count: int, keys: int = 5) -
     producer.close()
 
 
-def delete_records_before(config: WorkerConfig, offset: int) -> int:
+def delete_records_before(
+    config: WorkerConfig, offset: int, admin: AdminClient | None = None
+) -> int:
     """Delete the task's changelog records below `offset` (-1: all), as retention does; the
     new log start offset."""
-    admin = AdminClient({"bootstrap.servers": config.bootstrap_servers})
+    admin = admin or AdminClient({"bootstrap.servers": config.bootstrap_servers})
     topic = config.changelog_topics()[STORE]
     futures = admin.delete_records([TopicPartition(topic, TASK, offset)], request_timeout=10)
     (deleted,) = [future.result(timeout=10) for future in futures.values()]
@@ -97,15 +99,18 @@ def test_a_store_that_falls_behind_the_log_start_is_not_caught_up_past_the_gap(
 def test_records_deleted_under_a_running_restore_fail_its_task(
     kafka_front: KafkaFront, tmp_path: Path
 ) -> None:
-    # Small fetches make the restore take many round trips: the deletion lands in the middle.
+    # Small fetches make the restore take many round trips (one transaction each), and the
+    # admin client is connected before it starts: the deletion lands in the middle.
     config = app_on(kafka_front, tmp_path, **{"max.partition.fetch.bytes": "512"})
-    write_batches(config, 1, 400, keys=20)
+    write_batches(config, 1, 1000, keys=20)
+    admin = AdminClient({"bootstrap.servers": config.bootstrap_servers})
+    admin.list_topics(timeout=10)
     loop = RestoreLoop(config)
     loop.start()
     state = TaskState(tmp_path / "warm-up", TASK, [STORE])
     try:
         loop.follow(state)
-        log_start = delete_records_before(config, -1)
+        log_start = delete_records_before(config, -1, admin)
         wait_for(lambda: TASK in loop.failures(), 30, "the task to fail")
         assert "retention deleted changelog records" in loop.failures()[TASK]
         assert loop.positions()[TASK][STORE] < log_start, "no record past the gap was applied"
