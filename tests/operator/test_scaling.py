@@ -33,6 +33,7 @@ from devstack.demo.scenario import (
     signal_pod,
 )
 from smoothscale.kafka import names
+from smoothscale.kafka.progress import ProgressReader, ReportedRole, TaskProgress
 from tests.operator.status_stream import handing_over, status_stream
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -537,27 +538,61 @@ def test_two_operator_replicas_the_leader_killed_mid_hand_over_the_other_finishe
         assert running.finish(), out.getvalue()
 
 
+def freeze_at_first_warmup_report(
+    running: Session, instance: str, reader: ProgressReader
+) -> list[TaskProgress]:
+    """SIGSTOP `instance`'s pod as soon as it reports a warm-up: its first report goes out when
+    its warm-ups start and the next one a report interval (a second) later, so the signal lands
+    before it can say anything newer. Returns its warm-ups as it last reported them."""
+    deadline = time.monotonic() + running.options.phase_timeout
+    pod: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        if not any(  # its process group, known before it can report
+            str(status.get("containerID", "")).startswith("process://")
+            for status in pod.get("status", {}).get("containerStatuses") or []
+        ):
+            listed = running.kubectl("get", "-n", NAMESPACE, "pods", "-o", "json", quiet=True)
+            named = [p for p in json.loads(listed)["items"] if p["metadata"]["name"] == instance]
+            pod = named[0] if named else {}
+        elif any(
+            item.report.role is ReportedRole.WARMUP
+            for item in reader.read([instance], running.options.tasks).values()
+        ):
+            groups = signal_pod(pod, signal.SIGSTOP)
+            running.say(f"SIGSTOP to the container of {instance} (process groups {groups})")
+            return [
+                item
+                for item in reader.read([instance], running.options.tasks).values()
+                if item.report.role is ReportedRole.WARMUP
+            ]
+        time.sleep(0.02)
+    raise AssertionError(f"{instance} reported no warm-up")
+
+
 def test_a_warmup_pod_that_hangs_gets_nothing_and_a_condition_says_why(tmp_path: Path) -> None:
-    """The new pod is frozen (SIGSTOP: hung, or starved of CPU) while it warms up: no task
-    moves to it on the word of its last report, its owner keeps processing, and the app is
-    Degraded with InstanceNotReporting; thawed, it catches up and the scale-out finishes."""
+    """The new pod is frozen (SIGSTOP: hung, or starved of CPU) while it warms up, its last
+    report still behind: no task moves to it on the word of that report, its owner keeps
+    processing, and the app is Degraded with InstanceNotReporting; thawed, it catches up and
+    the scale-out finishes. (Each task's changelog, about 5,000 records, is far above the
+    acceptable lag: the new pod's first report, sent as its restores begin, is behind.)"""
     out = io.StringIO()
-    with session(options(tmp_path, backlog=40_000, spark=False), out) as running:
+    hung = options(
+        tmp_path, keys=20_000, backlog=40_000, acceptable_recovery_lag=1_000, spark=False
+    )
+    with session(hung, out) as running:
         watcher = running.watcher
         start_steady(running)
-        running.scale(2)
-
-        def reported_lag() -> bool:
-            return any(
-                holder["instance"] == f"{APP_NAME}-1" and holder.get("lag") is not None
-                for task in watcher.status.get("tasks") or []
-                for holder in task.get("holders") or []
-            )
-
-        watcher.run_until(reported_lag, "the new pod reporting its warm-ups")
+        changelogs = {STORE: names.changelog_topic(APP_ID, STORE)}
+        reader = ProgressReader(running.bootstrap, APP_ID, changelogs)
         frozen = f"{APP_NAME}-1"
-        running.signal_container(frozen, signal.SIGSTOP)
         try:
+            running.scale(2)
+            behind = freeze_at_first_warmup_report(running, frozen, reader)
+        finally:
+            reader.close()
+        try:
+            assert behind, "it was frozen while warming up"
+            assert all(item.lag > hung.acceptable_recovery_lag for item in behind), behind
             watcher.run_until(
                 lambda: any(
                     c.get("reason") == "InstanceNotReporting" and c.get("status") == "True"
