@@ -201,7 +201,11 @@ def run_smoothscale(config: WorkerConfig, workdir: Path, records: int) -> list[t
         deadline = time.monotonic() + 900
         while seen_records < records:
             if worker.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the worker stopped or stalled: see {workdir / 'worker.log'}")
+                tail = (workdir / "worker.log").read_text(errors="replace").splitlines()[-40:]
+                raise RuntimeError(
+                    f"the worker stopped (exit code {worker.returncode}) or stalled; the end of "
+                    "its log (its directory goes with the run):\n" + "\n".join(tail)
+                )
             done, processed = _scrape(config.metrics_port)
             if done > seen_batches and processed > seen_records:
                 batches.append((time.monotonic(), processed - seen_records))

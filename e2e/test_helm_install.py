@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from devstack.apiserver.auth import Attributes, read_audit_log, rule_allows
-from devstack.demo.scenario import instance_ports
+from devstack.stack import free_ports
 from e2e.conftest import Cluster
 from e2e.kube import CHART, Kubectl
 
@@ -49,7 +49,7 @@ def release(request: pytest.FixtureRequest, cluster: Cluster, namespace: str) ->
     )
     # The process kubelet runs every pod on this machine's network: the operator's ports and its
     # instances' must be free here (and below the ephemeral range, which clients take from).
-    healthz = instance_ports(span=34)
+    healthz = free_ports(span=34)
     metrics, instances = healthz + 1, healthz + 2
     if peering:  # the peering object is the user's to create (docs/install.md)
         cluster.kubectl.ok(

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -94,12 +95,29 @@ def default_state_dir() -> Path:
     return Path(os.environ.get("SMOOTHSCALE_DEV_DIR", ".smoothscale/dev"))
 
 
+def free_ports(span: int) -> int:
+    """The first of `span` TCP ports in a row free now on every address, below Linux's
+    ephemeral ports (32768-60999): a port the OS picks for a bind to port 0 is also one it
+    gives outgoing connections as their source port, so a process that binds it seconds later
+    (a worker starting, with hundreds of Kafka connections opened meanwhile) may find it taken.
+    The process kubelet runs every pod on this machine's network: two stacks side by side (a
+    demo and a test run) must not both use 8080 + n, hence a random base."""
+    for _attempt in range(100):
+        base = random.randrange(10_000, 32_000 - span)
+        try:
+            with contextlib.ExitStack() as bound:
+                for port in range(base, base + span):
+                    probe = bound.enter_context(socket.socket())
+                    probe.bind(("", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"found no {span} free ports in a row between 10000 and 32000")
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 free right now (the OS's pick)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+    """A TCP port free right now (see `free_ports`)."""
+    return free_ports(1)
 
 
 def _log_tail(path: Path, lines: int = 20) -> str:

@@ -22,16 +22,14 @@ The story it prints, from the StreamingApp's status and Events:
 import io
 import json
 import os
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -51,7 +49,7 @@ from devstack.demo.timeline import (
 )
 from devstack.kafka.control import KafkaControl
 from devstack.protocolworker import path_variable
-from devstack.stack import LocalStack, StackInfo
+from devstack.stack import LocalStack, StackInfo, free_ports
 from smoothscale.kafka import names
 from smoothscale.kafka.progress import InputPositionCommitter
 
@@ -324,23 +322,6 @@ def streaming_app(options: DemoOptions, bootstrap_servers: str) -> dict[str, Any
     return app
 
 
-def instance_ports(span: int = 32) -> int:
-    """A base port for the instances (instance n listens on base + n) under which `span` ports
-    are free now: the process kubelet runs every pod on this machine's network, so two stacks
-    side by side (a demo and a test run) must not both use 8080 + n."""
-    for _attempt in range(100):
-        base = random.randrange(10_000, 32_000, span)  # below Linux's ephemeral ports
-        try:
-            with ExitStack() as bound:
-                for port in range(base, base + span):
-                    probe = bound.enter_context(socket.socket())
-                    probe.bind(("", port))
-        except OSError:
-            continue
-        return base
-    raise DemoError(f"found no {span} free ports in a row between 10000 and 32000")
-
-
 OPERATOR_NAMESPACE = "smoothscale-system"
 """Where the demo installs the operator's Helm release."""
 PEERING = "smoothscale"
@@ -394,7 +375,7 @@ class Operator:
         self.helm, self.kubectl, self.cluster, self.name = helm, kubectl, cluster, name
         # Pods here share this machine's network: the operator's ports and its instances'
         # must be free (instance n listens on instancePort + n).
-        base = instance_ports(span=34)
+        base = free_ports(span=34)
         values = {
             "watch.namespaces": f"{{{NAMESPACE}}}",
             "ports.healthz": str(base),
