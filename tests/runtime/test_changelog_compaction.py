@@ -2,6 +2,7 @@
 counts, for histories with hand-overs, failovers, restarts in place, racing activations,
 unfenced zombies, half-written batches, deletes and verified tombstones."""
 
+import itertools
 import os
 import tempfile
 from pathlib import Path
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from smoothscale.runtime.changelog import Cursor, Positioned, closer, data, fold, marker
-from smoothscale.runtime.store import TaskState
+from smoothscale.runtime.store import StateChanges, TaskState
 from smoothscale.runtime.writer import Writer
 from tests.runtime.changelog_model import KEYS, STORE, ProtocolModel, View, replay
 from tests.runtime.compaction import as_log, as_records, compact
@@ -108,6 +109,60 @@ def test_an_incremental_restore_with_compaction_in_between_is_exact(
             assert state.input_positions() == expected.input
         finally:
             state.close()
+
+
+def stored(state: TaskState) -> dict[str, object]:
+    """Everything a restore writes to a task's store."""
+    keys = [key.encode() for key in KEYS]
+    return {
+        "values": dict(state.items(STORE)),
+        "record keys": state.record_keys(STORE, keys),
+        "garbage": state.garbage(STORE, limit=10**6),
+        "position": state.position(STORE),
+        "verified": state.verified(STORE),
+        "writer": state.writer(STORE),
+        "closed": state.closed_batch(STORE),
+        "input": state.input_positions(),
+    }
+
+
+@settings(max_examples=EXAMPLES // 3, deadline=None)
+@given(histories(), st.data())
+def test_changes_folded_in_chunks_and_written_later_store_what_each_chunk_would(
+    model: ProtocolModel, choices: st.DataObject
+) -> None:
+    """The restore loop folds chunk after chunk into one set of changes and writes them when
+    it has read all it was given or they grow large: the store must end as if each chunk's
+    changes had been written at once (on a compacted log too: its tombstones reclaim records
+    that changes not yet written supersede)."""
+    cleaning_point = choices.draw(st.integers(0, model.next_offset), label="cleaning point")
+    remove_tombstones = choices.draw(st.booleans(), label="tombstones removed")
+    log = as_records(compact(as_log(model.log), cleaning_point, remove_tombstones))
+    cuts = sorted(choices.draw(st.lists(st.integers(0, len(log)), max_size=6), label="cuts"))
+    bounds = [0, *cuts, len(log)]
+    chunks = [log[start:end] for start, end in itertools.pairwise(bounds)]
+    writes = choices.draw(st.lists(st.booleans(), min_size=len(chunks), max_size=len(chunks)))
+    with tempfile.TemporaryDirectory() as directory:
+        each, late = TaskState(Path(directory), 0, [STORE]), TaskState(Path(directory), 1, [STORE])
+        try:
+            each_cursor, late_cursor = Cursor(), Cursor()
+            unwritten = StateChanges()
+            position = 0
+            for chunk, write in zip(chunks, writes, strict=True):
+                position = chunk[-1][0] + 1 if chunk else position
+                outcome = fold(STORE, chunk, each_cursor, position)
+                each.apply(outcome.changes)
+                each_cursor = outcome.cursor
+                late_cursor = fold(STORE, chunk, late_cursor, position, into=unwritten).cursor
+                if write:
+                    late.apply(unwritten)
+                    unwritten = StateChanges()
+            late.apply(unwritten)
+            assert stored(late) == stored(each)
+            assert late.snapshot(STORE) == replay(log).visible()
+        finally:
+            each.close()
+            late.close()
 
 
 def test_the_old_format_with_fixed_keys_loses_state_under_compaction() -> None:

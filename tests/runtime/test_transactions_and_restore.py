@@ -15,6 +15,7 @@ from confluent_kafka import Producer
 from devstack.kafka.embedded import EmbeddedKafka
 from devstack.kafka.front import KafkaFront
 from smoothscale.kafka import names
+from smoothscale.runtime import restore
 from smoothscale.runtime.changelog import ChangelogRecord, closer, data, marker
 from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.restore import RestoreLoop, catch_up
@@ -224,7 +225,12 @@ def test_restore_ignores_an_unfenced_zombie_after_the_new_owners_marker(
         state.close()
 
 
-def test_the_restore_loop_follows_a_task_while_its_owner_writes(config: WorkerConfig) -> None:
+@pytest.mark.parametrize("write_behind", [restore.WRITE_BEHIND_BYTES, 1], ids=["default", "tiny"])
+def test_the_restore_loop_follows_a_task_while_its_owner_writes(
+    config: WorkerConfig, write_behind: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tiny write-behind budget writes after every chunk: the same state either way."""
+    monkeypatch.setattr(restore, "WRITE_BEHIND_BYTES", write_behind)
     owner = TaskProducer(config, task=1, epoch=1)
     owner.commit(batch(A, 1, {"alice": 1}, 1))
     restored_records: list[int] = []
@@ -255,6 +261,27 @@ def test_the_restore_loop_follows_a_task_while_its_owner_writes(config: WorkerCo
     finally:
         owner.close()
         loop.stop()
+
+
+def test_a_stopped_restore_loop_leaves_what_it_restored_in_the_store(config: WorkerConfig) -> None:
+    owner = TaskProducer(config, task=0, epoch=1)
+    loop = RestoreLoop(config)
+    loop.start()
+    try:
+        loop.follow(TaskState(config.state_dir / "warm-up", 0, [STORE]))
+        for n in range(1, 20):
+            end = owner.commit(batch(A, n, {"alice": n, f"user-{n}": 1}, n))[STORE]
+        wait_for(lambda: loop.positions()[0][STORE] >= end, 10, "the warm-up to catch up")
+    finally:
+        owner.close()
+        loop.stop()
+    state = TaskState(config.state_dir / "warm-up", 0, [STORE])
+    try:
+        assert state.position(STORE) >= end
+        assert state.snapshot(STORE) == {"alice": 19} | {f"user-{n}": 1 for n in range(1, 20)}
+        assert state.input_positions() == {"clicks": 19}
+    finally:
+        state.close()
 
 
 def test_transactional_ids_are_per_task() -> None:

@@ -341,14 +341,22 @@ class RestoreOutcome:
 
 
 def fold(
-    store: str, records: Iterable[Positioned], cursor: Cursor, next_position: int
+    store: str,
+    records: Iterable[Positioned],
+    cursor: Cursor,
+    next_position: int,
+    into: StateChanges | None = None,
 ) -> RestoreOutcome:
     """`fold_runs` of `records` (in offset order)."""
-    return fold_runs(store, runs_of(records), cursor, next_position)
+    return fold_runs(store, runs_of(records), cursor, next_position, into)
 
 
 def fold_runs(
-    store: str, runs: Iterable[Run], cursor: Cursor, next_position: int
+    store: str,
+    runs: Iterable[Run],
+    cursor: Cursor,
+    next_position: int,
+    into: StateChanges | None = None,
 ) -> RestoreOutcome:
     """The state changes that `store`'s changelog records make, read in runs, in offset order.
 
@@ -371,8 +379,11 @@ def fold_runs(
     after these runs. The outcome's changes hold the new W*, its closed batch and the
     position to resume from (the first pending record's offset, or `next_position`); its
     cursor, the pending batch for the next call.
+
+    With `into`, the changes are added to it: changes not yet written that the previous calls
+    made (applied one after the other, as if these runs had come in the same call).
     """
-    changes = StateChanges()
+    changes = StateChanges() if into is None else into
     entries = changes.entries.setdefault(store, {})
     garbage = changes.garbage.setdefault(store, set())
     pending = list(cursor.pending)

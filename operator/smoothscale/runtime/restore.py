@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from typing import cast
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
@@ -27,6 +28,7 @@ from smoothscale.runtime.changelog import (
     SLOW,
     ChangelogFormatError,
     Cursor,
+    RecordKind,
     Run,
     fold_runs,
     parse_record,
@@ -34,7 +36,7 @@ from smoothscale.runtime.changelog import (
     runs_of,
 )
 from smoothscale.runtime.config import WorkerConfig
-from smoothscale.runtime.store import TaskState
+from smoothscale.runtime.store import StateChanges, TaskState
 from smoothscale.tasks import TaskId
 
 log = logging.getLogger(__name__)
@@ -52,7 +54,17 @@ for a second while the loop drained the queue in about half that, and the restor
 the rest. Measured on a changelog of 132,048 records (8 tasks, one process with its broker):
 81,496 records/s at the default, 102,659 at 10 ms (medians of 5). A full queue is looked at
 again every 10 ms."""
+WRITE_BEHIND_BYTES = 64 * 1024 * 1024
+"""The most memory (about) the restore's folded changes may hold before they are written to
+the stores. Folding many chunks before writing lets a key updated many times in the changelog
+(a running aggregate: once per batch it changed in) reach RocksDB once, and RocksDB's inserts
+were the largest part of a restore's time (docs/benchmarks/throughput.md)."""
+_RECORD_BYTES = 250
+"""What a folded record holds in memory besides its key and value bytes (its entry, the dict
+slot, the bytes objects), counted against WRITE_BEHIND_BYTES."""
 _READ_WAIT_SECONDS = 0.02
+_IDLE_SECONDS = 1.0
+"""How long the loop, following no task, waits before looking again (a `follow` wakes it)."""
 """How often `wait_until_read` looks at how far the loop has read."""
 RestoredCallback = Callable[[TaskId, int], None]
 """Called with (task, records applied) after each restored batch."""
@@ -117,16 +129,44 @@ class _Applier:
     def __init__(self, changelog_topics: Mapping[str, str]) -> None:
         self._store_of = {topic: store for store, topic in changelog_topics.items()}
         self._topic_of = dict(changelog_topics)
-        self._pending: dict[tuple[TaskId, str], list[Run]] = {}
+        self._cursors: dict[tuple[TaskId, str], Cursor] = {}
+        """Per (task, store), where its fold stands: the state's writer and closed batch as of
+        the changes written and unwritten, and the records of a batch not closed yet."""
+        self._unwritten: dict[TaskId, StateChanges] = {}
+        """Per task, the changes folded and not yet written to its store (`write`)."""
+        self._unwritten_bytes = 0
+        """About how much memory the unwritten changes and pending batches hold."""
         self._read_to: dict[tuple[TaskId, str], int] = {}
         self.failures: dict[TaskId, str] = {}
         """Tasks whose changelog is unusable, with the error; their records are not applied."""
 
+    def positions(self, state: TaskState) -> dict[str, int]:
+        """Per store, the changelog offset the task's state is restored to: its store's
+        position, or that of the changes folded and not written yet."""
+        unwritten = self._unwritten.get(state.task)
+        if unwritten is None:
+            return state.positions()
+        return {
+            store: unwritten.positions.get(store, state.position(store)) for store in state.stores
+        }
+
     def partitions(self, state: TaskState) -> list[TopicPartition]:
+        positions = self.positions(state)
         return [
-            TopicPartition(self._topic_of[store], state.task, state.position(store))
+            TopicPartition(self._topic_of[store], state.task, positions[store])
             for store in state.stores
         ]
+
+    def write(self, states: Mapping[TaskId, TaskState], task: TaskId | None = None) -> None:
+        """Write the unwritten changes of `task` (None: of every task) to their stores, each
+        task's in one write batch."""
+        tasks = list(self._unwritten) if task is None else [task]
+        for each in tasks:
+            changes = self._unwritten.pop(each, None)
+            if changes is not None:
+                states[each].apply(changes)
+        if not self._unwritten:
+            self._unwritten_bytes = 0
 
     def check_retention(self, consumer: Consumer, state: TaskState, timeout: float) -> None:
         """Fail `state`'s task if retention deleted changelog records it still needs."""
@@ -147,6 +187,7 @@ class _Applier:
         state = None if task is None else states.get(task)
         if state is None or state.task in self.failures:
             return
+        self.write(states, state.task)
         self.check_retention(consumer, state, timeout=10)
         if state.task in self.failures:
             return
@@ -163,15 +204,18 @@ class _Applier:
         return self._topic_of[store]
 
     def forget(self, task: TaskId) -> None:
+        """Drop what is kept about `task` (its unwritten changes too: `write` them first)."""
         self.failures.pop(task, None)
+        self._unwritten.pop(task, None)
         for key in [key for key in self._read_to if key[0] == task]:
             del self._read_to[key]
-            self._pending.pop(key, None)
+            self._cursors.pop(key, None)
 
     def read_to(self, state: TaskState) -> dict[str, int]:
         """Per store, the changelog offset the consumer has read up to for this task."""
+        positions = self.positions(state)
         return {
-            store: max(state.position(store), self._read_to.get((state.task, store), 0))
+            store: max(positions[store], self._read_to.get((state.task, store), 0))
             for store in state.stores
         }
 
@@ -199,6 +243,8 @@ class _Applier:
                 continue
             self._fold(consumer, states[partition], self._store_of[topic], task_runs)
             counts[partition] = counts.get(partition, 0) + sum(len(r.keys) for r in task_runs)
+        if self._unwritten_bytes >= WRITE_BEHIND_BYTES:
+            self.write(states)
         return counts
 
     def _read(
@@ -236,6 +282,9 @@ class _Applier:
                 self._fold(consumer, state, store, [])
 
     def _fold(self, consumer: Consumer, state: TaskState, store: str, runs: list[Run]) -> None:
+        """Fold `runs` into the task's unwritten changes (written by `write`: when the loop
+        has read all it was given, when they hold WRITE_BEHIND_BYTES, or before the state
+        leaves the loop)."""
         key = (state.task, store)
         topic = self._topic_of[store]
         position = consumer.position([TopicPartition(topic, state.task)])[0].offset
@@ -243,11 +292,17 @@ class _Applier:
             position = max(position, runs[-1].offsets[-1] + 1)
         if not runs and position <= self._read_to.get(key, state.position(store)):
             return
-        cursor = Cursor(state.writer(store), state.closed_batch(store), self._pending.get(key, []))
-        outcome = fold_runs(store, runs, cursor, position)
-        state.apply(outcome.changes)
-        self._pending[key] = outcome.cursor.pending
+        cursor = self._cursors.get(key)
+        if cursor is None:
+            cursor = Cursor(state.writer(store), state.closed_batch(store), [])
+        unwritten = self._unwritten.setdefault(state.task, StateChanges())
+        outcome = fold_runs(store, runs, cursor, position, into=unwritten)
+        self._cursors[key] = outcome.cursor
         self._read_to[key] = position
+        for run in runs:
+            self._unwritten_bytes += _RECORD_BYTES * len(run.keys) + 2 * sum(map(len, run.keys))
+            if run.kind is RecordKind.DATA:
+                self._unwritten_bytes += sum(map(len, cast(list[bytes], run.values)))
 
 
 def end_offsets(
@@ -301,21 +356,27 @@ def catch_up(
         if not behind():
             return state.positions()
         consumer.assign(applier.partitions(state))
+        states = {state.task: state}
         deadline = time.monotonic() + timeout
         while behind():
             if time.monotonic() > deadline:
+                applier.write(states)
                 raise RestoreTimeoutError(
                     f"task {state.task}: restored to {state.positions()} but needs "
                     f"{dict(targets)} within {timeout} s; is the changelog readable "
                     "(an open transaction holds back read_committed readers)?"
                 )
             messages = consumer.consume(num_messages=_BATCH, timeout=0.2)
-            counts = applier.apply(consumer, messages, {state.task: state})
+            drained = len(messages) < _BATCH
+            counts = applier.apply(consumer, messages, states)
             if state.task in applier.failures:
                 raise ChangelogUnusableError(applier.failures[state.task])
-            applier.advance_idle(consumer, {state.task: state})
+            applier.advance_idle(consumer, states)
+            if drained:
+                applier.write(states)
             if on_restored is not None and counts:
                 on_restored(state.task, counts.get(state.task, 0))
+        applier.write(states)
         return state.positions()
     finally:
         consumer.close()
@@ -334,6 +395,8 @@ class RestoreLoop:
         """Calls waiting for or holding `_lock`: the loop lets them go first."""
         self._no_callers = threading.Condition()
         self._stopping = threading.Event()
+        self._followed = threading.Event()
+        """Set by `follow` and `stop`: wakes the loop from waiting for a task to follow."""
         self._thread = threading.Thread(target=self._run, name="restore-loop", daemon=True)
         self.error: BaseException | None = None
 
@@ -351,10 +414,14 @@ class RestoreLoop:
                 raise ValueError(f"task {state.task} is already being restored")
             self._states[state.task] = state
             self._consumer.incremental_assign(self._applier.partitions(state))
+            self._followed.set()
 
     def unfollow(self, task: TaskId) -> TaskState | None:
-        """Stop restoring `task` and hand its state back (None if it was not followed)."""
+        """Stop restoring `task` and hand its state back (None if it was not followed), with
+        everything the loop has folded written to it."""
         with self._held():
+            if task in self._states:
+                self._applier.write(self._states, task)
             state = self._states.pop(task, None)
             self._applier.forget(task)
             if state is not None:
@@ -373,9 +440,10 @@ class RestoreLoop:
             return set(self._states)
 
     def positions(self) -> dict[TaskId, dict[str, int]]:
-        """Per followed task, the restore position of each store."""
+        """Per followed task, the restore position of each store (as folded: what the loop
+        writes to the store before the state leaves it)."""
         with self._held():
-            return {task: state.positions() for task, state in self._states.items()}
+            return {task: self._applier.positions(state) for task, state in self._states.items()}
 
     def positions_and_ends(self) -> dict[TaskId, tuple[dict[str, int], dict[str, int]]]:
         """Per followed task, the restore position of each store and the changelog end the
@@ -390,7 +458,7 @@ class RestoreLoop:
                     _low, high = self._consumer.get_watermark_offsets(partition, cached=True)
                     if high >= 0:
                         ends[store] = high
-                found[task] = (state.positions(), ends)
+                found[task] = (self._applier.positions(state), ends)
             return found
 
     def read_positions(self) -> dict[TaskId, dict[str, int]]:
@@ -449,17 +517,20 @@ class RestoreLoop:
                     self._no_callers.wait_for(lambda: not self._callers, timeout=1)
                 with self._lock:
                     if not self._states:
-                        messages = []
+                        self._followed.clear()
                         idle = True
                     else:
                         idle = False
                         messages = self._consumer.consume(
                             num_messages=_BATCH, timeout=_CONSUME_SECONDS
                         )
+                        drained = len(messages) < _BATCH
                         counts = self._applier.apply(self._consumer, messages, self._states)
                         self._applier.advance_idle(self._consumer, self._states)
+                        if drained:  # read all there was for now: written while it waits
+                            self._applier.write(self._states)
                 if idle:
-                    self._stopping.wait(0.1)
+                    self._followed.wait(_IDLE_SECONDS)
                 elif self._on_restored is not None:
                     for task, count in counts.items():
                         self._on_restored(task, count)
@@ -470,9 +541,11 @@ class RestoreLoop:
     def stop(self) -> None:
         """Stop the thread and close every followed state and the consumer."""
         self._stopping.set()
+        self._followed.set()
         if self._thread.is_alive():
             self._thread.join()
         with self._held():
+            self._applier.write(self._states)
             for state in self._states.values():
                 state.close()
             self._states.clear()
