@@ -69,9 +69,9 @@ _RECORD_BYTES = 250
 """What a folded record holds in memory besides its key and value bytes (its entry, the dict
 slot, the bytes objects), counted against WRITE_BEHIND_BYTES."""
 _READ_WAIT_SECONDS = 0.02
+"""How often `wait_until_read` looks at how far the loop has read."""
 _IDLE_SECONDS = 1.0
 """How long the loop, following no task, waits before looking again (a `follow` wakes it)."""
-"""How often `wait_until_read` looks at how far the loop has read."""
 RestoredCallback = Callable[[TaskId, int], None]
 """Called with (task, records applied) after each restored batch."""
 
@@ -140,8 +140,8 @@ class _Applier:
         the changes written and unwritten, and the records of a batch not closed yet."""
         self._unwritten: dict[TaskId, StateChanges] = {}
         """Per task, the changes folded and not yet written to its store (`write`)."""
-        self._unwritten_bytes = 0
-        """About how much memory the unwritten changes and pending batches hold."""
+        self._unwritten_bytes: dict[TaskId, int] = {}
+        """Per task, about how much memory its unwritten changes and pending batch hold."""
         self._read_to: dict[tuple[TaskId, str], int] = {}
         self.failures: dict[TaskId, str] = {}
         """Tasks whose changelog is unusable, with the error; their records are not applied."""
@@ -169,10 +169,9 @@ class _Applier:
         tasks = list(self._unwritten) if task is None else [task]
         for each in tasks:
             changes = self._unwritten.pop(each, None)
+            self._unwritten_bytes.pop(each, None)
             if changes is not None:
                 states[each].apply(changes)
-        if not self._unwritten:
-            self._unwritten_bytes = 0
 
     def check_retention(self, consumer: Consumer, state: TaskState, timeout: float) -> None:
         """Fail `state`'s task if retention deleted changelog records it still needs."""
@@ -213,6 +212,7 @@ class _Applier:
         """Drop what is kept about `task` (its unwritten changes too: `write` them first)."""
         self.failures.pop(task, None)
         self._unwritten.pop(task, None)
+        self._unwritten_bytes.pop(task, None)
         for key in [key for key in self._read_to if key[0] == task]:
             del self._read_to[key]
             self._cursors.pop(key, None)
@@ -249,7 +249,7 @@ class _Applier:
                 continue
             self._fold(consumer, states[partition], self._store_of[topic], task_runs)
             counts[partition] = counts.get(partition, 0) + sum(len(r.keys) for r in task_runs)
-        if self._unwritten_bytes >= WRITE_BEHIND_BYTES:
+        if sum(self._unwritten_bytes.values()) >= WRITE_BEHIND_BYTES:
             self.write(states)
         return counts
 
@@ -305,10 +305,12 @@ class _Applier:
         outcome = fold_runs(store, runs, cursor, position, into=unwritten)
         self._cursors[key] = outcome.cursor
         self._read_to[key] = position
+        held = self._unwritten_bytes.get(state.task, 0)
         for run in runs:
-            self._unwritten_bytes += _RECORD_BYTES * len(run.keys) + 2 * sum(map(len, run.keys))
+            held += _RECORD_BYTES * len(run.keys) + 2 * sum(map(len, run.keys))
             if run.kind is RecordKind.DATA:
-                self._unwritten_bytes += sum(map(len, cast(list[bytes], run.values)))
+                held += sum(map(len, cast(list[bytes], run.values)))
+        self._unwritten_bytes[state.task] = held
 
 
 def end_offsets(
