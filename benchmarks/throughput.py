@@ -40,7 +40,7 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -148,20 +148,32 @@ def _consumer(bootstrap_servers: str) -> Consumer:
     )
 
 
-def _read_to_end(consumer: Consumer, topic: str, partitions: int) -> list[Any]:
-    """Every record of `topic`, reading up to 10,000 at a time; each read waits up to 0.5 s for
-    its 10,000 (so the last one waits that long for records that never come)."""
-    ends = {
+def _ends(consumer: Consumer, topic: str, partitions: int) -> dict[int, int]:
+    """Per partition of `topic`, its end now."""
+    return {
         p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
         for p in range(partitions)
     }
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    read = []
+
+
+def _consumed(
+    consumer: Consumer, topic: str, ends: dict[int, int], count: int, wait: float
+) -> Iterator[list[Any]]:
+    """Each consume's records of `topic` from its start to `ends`, up to `count` a consume, each
+    consume waiting up to `wait` seconds for its `count` (so the last one waits that long for
+    records that never come)."""
+    consumer.assign([TopicPartition(topic, p, 0) for p in ends])
     while True:
-        read += [m for m in consumer.consume(10_000, timeout=0.5) if m.error() is None]
-        positions = consumer.position([TopicPartition(topic, p) for p in range(partitions)])
+        yield [m for m in consumer.consume(count, timeout=wait) if m.error() is None]
+        positions = consumer.position([TopicPartition(topic, p) for p in ends])
         if all(tp.offset >= ends[tp.partition] for tp in positions):
-            return read
+            return
+
+
+def _read_to_end(consumer: Consumer, topic: str, partitions: int) -> list[Any]:
+    """Every record of `topic`, reading up to 10,000 at a time, each read waiting up to 0.5 s."""
+    ends = _ends(consumer, topic, partitions)
+    return [m for read in _consumed(consumer, topic, ends, 10_000, 0.5) for m in read]
 
 
 def rate_after_first(batches: list[tuple[float, int]]) -> dict[str, float]:
@@ -304,20 +316,12 @@ def raw_read_seconds(bootstrap_servers: str, topic: str, partitions: int) -> tup
     again and again): 349,018 against 442,861 records/s counting only (medians of 7)."""
     consumer = _consumer(bootstrap_servers)
     try:
-        ends = {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            for p in range(partitions)
-        }
+        ends = _ends(consumer, topic, partitions)
         began = time.perf_counter()
-        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-        read = 0
-        while True:
-            messages = consumer.consume(READ_CHUNK, timeout=RAW_WAIT_SECONDS)
-            read += sum(1 for message in messages if message.error() is None)
-            del messages
-            positions = consumer.position([TopicPartition(topic, p) for p in range(partitions)])
-            if all(tp.offset >= ends[tp.partition] for tp in positions):
-                return read, time.perf_counter() - began
+        read = sum(
+            len(chunk) for chunk in _consumed(consumer, topic, ends, READ_CHUNK, RAW_WAIT_SECONDS)
+        )
+        return read, time.perf_counter() - began
     finally:
         consumer.close()
 
