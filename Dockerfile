@@ -21,8 +21,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # instead of whatever build backend version a build would otherwise download.
 FROM base AS build
 
-# A C compiler for the package's C module (smoothscale/runtime/_changelog.c: Python's own API
-# only); the image that runs gets the wheel, not the compiler.
+# A C compiler for the package's C module (smoothscale/runtime/_changelog.c: Python's API, and
+# at import the librdkafka that confluent-kafka ships: no headers); the image that runs gets
+# the wheel, not the compiler.
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \

@@ -7,10 +7,24 @@ runs are new tasks, with new changelog partitions: a long-lived client asks for 
 metadata once, then again for the watermarks.
 """
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from typing import Any, Protocol
+
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 
-def watermarks(client: Consumer, topic: str, partition: int, timeout: float) -> tuple[int, int]:
+class WatermarkClient(Protocol):
+    """What `watermarks` asks of a client: a confluent-kafka Consumer, or the restore's own."""
+
+    def get_watermark_offsets(
+        self, partition: TopicPartition, timeout: float = -1, cached: bool = False
+    ) -> tuple[int, int]: ...
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any: ...
+
+
+def watermarks(
+    client: WatermarkClient, topic: str, partition: int, timeout: float
+) -> tuple[int, int]:
     """(low, high) of `partition` of `topic`, from its leader, within `timeout` seconds."""
     try:
         return _query(client, topic, partition, timeout)
@@ -21,6 +35,6 @@ def watermarks(client: Consumer, topic: str, partition: int, timeout: float) -> 
         return _query(client, topic, partition, timeout)
 
 
-def _query(client: Consumer, topic: str, partition: int, timeout: float) -> tuple[int, int]:
+def _query(client: WatermarkClient, topic: str, partition: int, timeout: float) -> tuple[int, int]:
     low, high = client.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
     return low, high

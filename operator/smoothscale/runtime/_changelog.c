@@ -1,10 +1,13 @@
-/* The restore's per-record work in C: splitting consumed changelog messages into runs.
+/* The restore's per-record work in C: its own librdkafka consumer, reading changelog records
+ * into runs.
  *
  * smoothscale.runtime.changelog defines the record format (parse_record) and the rule that
  * restores a state from it (fold_runs); this module only makes reading it cheap, as CPython's
- * _json does for json. runs(messages) walks a list of consumed messages (confluent-kafka
- * Messages, or anything with their methods) and groups consecutive records of one partition
- * with the same kind, writer and batch into a run:
+ * _json does for json. open_consumer(settings) creates a librdkafka consumer (a capsule; the
+ * Python side is restore.RestoreConsumer): assign, positions, watermarks, metadata, close.
+ * read(consumer, count, timeout) consumes up to `count` messages, reads each record in C from
+ * librdkafka's message (no Python object a message), and groups consecutive records of one
+ * partition with the same kind, writer and batch into a run:
  *
  *     (topic, partition, kind, writer, batch, offsets, keys, values, supersedes, state_keys)
  *
@@ -13,32 +16,112 @@
  * per record: its offset, key, value (None for a tombstone), the record key it supersedes (or
  * None) and, for a record key of the form d:<state key>@..., that state key (or None).
  *
- * A message it does not read on this fast path (an error, an unusual header, anything
- * parse_record would reject or read in a way of its own) becomes an item of its own,
- * (topic, partition, -1, message, None, ...): the caller reads it with parse_record, which
- * says what is wrong. Every record read here is one parse_record reads the same way
- * (tests/runtime/test_changelog_runs.py compares the two).
+ * A record it does not read on this fast path (an unusual header, anything parse_record would
+ * reject or read in a way of its own) becomes an item of its own, (topic, partition, -1,
+ * (offset, key, value, headers), None, ...), headers as confluent-kafka gives them: the caller
+ * reads it with parse_record, which says what is wrong. An error becomes (topic or None,
+ * partition, -2, (code, text), None, ...). Every record read here is one parse_record reads
+ * the same way (tests/runtime/test_changelog_runs.py compares the two).
+ *
+ * librdkafka's functions are the ones confluent-kafka's extension is linked with, looked up
+ * through that extension at import (no headers; one librdkafka in the process). The consumer
+ * is the module's own, not confluent-kafka's: confluent-kafka sets an error callback that it
+ * serves only inside its own calls, and serving its queue from here aborts the process when a
+ * broker goes away. No callback is set here: errors of a partition come back as messages,
+ * others are logged by librdkafka.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <dlfcn.h>
+#include <stdint.h>
 #include <string.h>
 
 enum { MARKER, CLOSE, DATA, DELETE, TOMBSTONE };
 #define SLOW (-1)
+#define ERROR (-2)
 #define ITEM_SIZE 10
 #define NO_BATCH (-1)
 
-static PyObject *method_error, *method_topic, *method_partition, *method_offset, *method_key,
-    *method_value, *method_headers;
+/* librdkafka's public C API: the types and functions used here (rdkafka.h). */
+typedef struct rd_kafka_s rd_kafka_t;
+typedef struct rd_kafka_queue_s rd_kafka_queue_t;
+typedef struct rd_kafka_topic_s rd_kafka_topic_t;
+typedef struct rd_kafka_headers_s rd_kafka_headers_t;
+typedef struct {
+    int err; /* rd_kafka_resp_err_t */
+    rd_kafka_topic_t *rkt;
+    int32_t partition;
+    void *payload;
+    size_t len;
+    void *key;
+    size_t key_len;
+    int64_t offset;
+    void *_private;
+} rd_kafka_message_t;
 
-/* What one record is, as read on the fast path. */
+typedef struct rd_kafka_conf_s rd_kafka_conf_t;
+typedef struct rd_kafka_error_s rd_kafka_error_t;
+typedef struct {
+    char *topic;
+    int32_t partition;
+    int64_t offset;
+    void *metadata;
+    size_t metadata_size;
+    void *opaque;
+    int err;
+    void *_private;
+} rd_kafka_topic_partition_t;
+typedef struct {
+    int cnt;
+    int size;
+    rd_kafka_topic_partition_t *elems;
+} rd_kafka_topic_partition_list_t;
+
+static struct {
+    rd_kafka_conf_t *(*conf_new)(void);
+    int (*conf_set)(rd_kafka_conf_t *, const char *, const char *, char *, size_t);
+    void (*conf_destroy)(rd_kafka_conf_t *);
+    rd_kafka_t *(*new_)(int, rd_kafka_conf_t *, char *, size_t);
+    int (*poll_set_consumer)(rd_kafka_t *);
+    rd_kafka_topic_partition_list_t *(*list_new)(int);
+    rd_kafka_topic_partition_t *(*list_add)(rd_kafka_topic_partition_list_t *, const char *,
+                                            int32_t);
+    void (*list_destroy)(rd_kafka_topic_partition_list_t *);
+    rd_kafka_error_t *(*incremental_assign)(rd_kafka_t *, const rd_kafka_topic_partition_list_t *);
+    rd_kafka_error_t *(*incremental_unassign)(rd_kafka_t *,
+                                              const rd_kafka_topic_partition_list_t *);
+    const char *(*error_string)(const rd_kafka_error_t *);
+    void (*error_destroy)(rd_kafka_error_t *);
+    int (*position)(rd_kafka_t *, rd_kafka_topic_partition_list_t *);
+    int (*get_watermark_offsets)(rd_kafka_t *, const char *, int32_t, int64_t *, int64_t *);
+    int (*query_watermark_offsets)(rd_kafka_t *, const char *, int32_t, int64_t *, int64_t *,
+                                   int);
+    int (*metadata)(rd_kafka_t *, int, rd_kafka_topic_t *, const void **, int);
+    void (*metadata_destroy)(const void *);
+    rd_kafka_topic_t *(*topic_new)(rd_kafka_t *, const char *, void *);
+    void (*topic_destroy)(rd_kafka_topic_t *);
+    int (*consumer_close)(rd_kafka_t *);
+    void (*destroy)(rd_kafka_t *);
+    rd_kafka_queue_t *(*queue_get_consumer)(rd_kafka_t *);
+    void (*queue_destroy)(rd_kafka_queue_t *);
+    ssize_t (*consume_batch_queue)(rd_kafka_queue_t *, int, rd_kafka_message_t **, size_t);
+    void (*message_destroy)(rd_kafka_message_t *);
+    const char *(*topic_name)(const rd_kafka_topic_t *);
+    int (*message_headers)(const rd_kafka_message_t *, rd_kafka_headers_t **);
+    int (*header_get_all)(const rd_kafka_headers_t *, size_t, const char **, const void **,
+                          size_t *);
+    const char *(*err2str)(int);
+} rdk;
+
+
+/* What one record is, as read on the fast path. The pointers point into the message. */
 typedef struct {
     int kind;
     const char *writer; /* the writer's text "E.S.N", in the key or the header */
     Py_ssize_t writer_length;
-    PyObject *writer_header; /* a tombstone's writer header (borrowed), or NULL */
-    long long batch;         /* NO_BATCH: none */
-    PyObject *supersedes;    /* borrowed, or NULL */
+    long long batch; /* NO_BATCH: none */
+    const char *supersedes; /* the record key superseded, or NULL */
+    Py_ssize_t supersedes_length;
 } Record;
 
 /* The length of an integer at the start of text[0:length] as int() reads it (here: plain
@@ -77,15 +160,14 @@ static Py_ssize_t writer_length(const char *text, Py_ssize_t length) {
 }
 
 /* Reads the kind, writer and batch from a record's key (m@E.S.N, c@E.S.N.B, d:<key>@E.S.N.B)
- * and value: 1 if read, 0 if the record is for the slow path. */
-static int read_key(PyObject *key, PyObject *value, Record *record) {
-    const char *text = PyBytes_AS_STRING(key);
-    Py_ssize_t length = PyBytes_GET_SIZE(key), at = length - 1;
+ * and whether its value is empty: 1 if read, 0 if the record is for the slow path. */
+static int read_key(const char *text, Py_ssize_t length, int empty_value, Record *record) {
+    Py_ssize_t at = length - 1;
     while (at >= 0 && text[at] != '@') {
         at--;
     }
     if (length >= 2 && text[0] == 'd' && text[1] == ':' && at >= 2) {
-        record->kind = PyBytes_GET_SIZE(value) > 0 ? DATA : DELETE;
+        record->kind = empty_value ? DELETE : DATA;
     } else if (at == 1 && text[0] == 'c') {
         record->kind = CLOSE;
     } else if (at == 1 && text[0] == 'm') {
@@ -120,52 +202,44 @@ static int read_key(PyObject *key, PyObject *value, Record *record) {
     return 1;
 }
 
-/* Reads the headers smoothscale writes (None, or a list of (str, bytes) pairs; the last of a
- * name counts, as in dict(headers)): 1 if read, 0 if the record is for the slow path. */
-static int read_headers(PyObject *headers, Record *record) {
-    PyObject *writer = NULL, *supersedes = NULL;
-    if (headers != Py_None) {
-        if (!PyList_Check(headers)) {
-            return 0;
-        }
-        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(headers); i++) {
-            PyObject *pair = PyList_GET_ITEM(headers, i);
-            if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 ||
-                !PyUnicode_Check(PyTuple_GET_ITEM(pair, 0))) {
-                return 0;
-            }
-            PyObject *name = PyTuple_GET_ITEM(pair, 0), *value = PyTuple_GET_ITEM(pair, 1);
-            if (PyUnicode_CompareWithASCIIString(name, "smoothscale.writer") == 0) {
-                writer = value;
-            } else if (PyUnicode_CompareWithASCIIString(name, "smoothscale.supersedes") == 0) {
-                supersedes = value;
-            }
+/* Reads the headers smoothscale writes (the last of a name counts, as in dict(headers)): 1 if
+ * read, 0 if the record is for the slow path. */
+static int read_headers(const rd_kafka_headers_t *headers, Record *record) {
+    const char *name;
+    const void *value;
+    size_t size;
+    int writer_seen = 0;
+    const char *writer = NULL, *supersedes = NULL;
+    Py_ssize_t writer_size = 0, supersedes_size = 0;
+    for (size_t i = 0; headers != NULL && rdk.header_get_all(headers, i, &name, &value, &size) == 0;
+         i++) {
+        if (strcmp(name, "smoothscale.writer") == 0) {
+            writer_seen = 1;
+            writer = value;
+            writer_size = (Py_ssize_t)size;
+        } else if (strcmp(name, "smoothscale.supersedes") == 0) {
+            supersedes = value;
+            supersedes_size = (Py_ssize_t)size;
         }
     }
-    if (supersedes != NULL && supersedes != Py_None && !PyBytes_Check(supersedes)) {
-        return 0;
-    }
-    record->supersedes = supersedes == Py_None ? NULL : supersedes;
-    record->writer_header = NULL;
+    record->supersedes = supersedes;
+    record->supersedes_length = supersedes_size;
     if (record->kind == TOMBSTONE) {
-        if (writer == NULL || !PyBytes_Check(writer)) {
+        if (!writer_seen || writer == NULL) {
             return 0;
         }
-        record->writer = PyBytes_AS_STRING(writer);
-        record->writer_length = PyBytes_GET_SIZE(writer);
-        Py_ssize_t read = writer_length(record->writer, record->writer_length);
-        if (read == 0 || read != record->writer_length) {
+        Py_ssize_t read = writer_length(writer, writer_size);
+        if (read == 0 || read != writer_size) {
             return 0;
         }
-        record->writer_header = writer;
+        record->writer = writer;
+        record->writer_length = writer_size;
     }
     return 1;
 }
 
 /* The state key of a record key d:<state key>@... (a new reference), or None. */
-static PyObject *state_key_of(PyObject *key) {
-    const char *text = PyBytes_AS_STRING(key);
-    Py_ssize_t length = PyBytes_GET_SIZE(key);
+static PyObject *state_key_of(const char *text, Py_ssize_t length) {
     if (length < 2 || text[0] != 'd' || text[1] != ':') {
         Py_RETURN_NONE;
     }
@@ -177,67 +251,71 @@ static PyObject *state_key_of(PyObject *key) {
     Py_RETURN_NONE;
 }
 
-static PyObject *call(PyObject *object, PyObject *method) {
-    return PyObject_CallMethodNoArgs(object, method);
+static PyObject *bytes_or_none(const void *data, size_t size) {
+    if (data == NULL) {
+        Py_RETURN_NONE;
+    }
+    return PyBytes_FromStringAndSize(data, (Py_ssize_t)size);
+}
+
+/* An item of `size` fields, the first ones given (new references, any NULL: fails), the rest
+ * None. */
+static PyObject *new_item(PyObject **fields, int given) {
+    PyObject *item = PyTuple_New(ITEM_SIZE);
+    int failed = item == NULL;
+    for (int i = 0; i < ITEM_SIZE; i++) {
+        PyObject *field = i < given ? fields[i] : Py_NewRef(Py_None);
+        failed = failed || field == NULL;
+        if (item != NULL && field != NULL) {
+            PyTuple_SET_ITEM(item, i, field);
+        } else {
+            Py_XDECREF(field);
+        }
+    }
+    if (failed) {
+        Py_XDECREF(item);
+        return NULL;
+    }
+    return item;
 }
 
 /* A new run item for its first record (lists empty). */
 static PyObject *new_run(PyObject *topic, PyObject *partition, const Record *record) {
-    PyObject *item = PyTuple_New(ITEM_SIZE);
-    if (item == NULL) {
-        return NULL;
-    }
-    Py_INCREF(topic);
-    PyTuple_SET_ITEM(item, 0, topic);
-    Py_INCREF(partition);
-    PyTuple_SET_ITEM(item, 1, partition);
-    PyTuple_SET_ITEM(item, 2, PyLong_FromLong(record->kind));
-    if (record->writer_header != NULL) {
-        Py_INCREF(record->writer_header);
-        PyTuple_SET_ITEM(item, 3, record->writer_header);
-    } else {
-        PyTuple_SET_ITEM(item, 3, PyBytes_FromStringAndSize(record->writer, record->writer_length));
-    }
-    if (record->batch == NO_BATCH) {
-        Py_INCREF(Py_None);
-        PyTuple_SET_ITEM(item, 4, Py_None);
-    } else {
-        PyTuple_SET_ITEM(item, 4, PyLong_FromLongLong(record->batch));
-    }
+    PyObject *fields[ITEM_SIZE] = {
+        Py_NewRef(topic),
+        Py_NewRef(partition),
+        PyLong_FromLong(record->kind),
+        PyBytes_FromStringAndSize(record->writer, record->writer_length),
+        record->batch == NO_BATCH ? Py_NewRef(Py_None) : PyLong_FromLongLong(record->batch),
+    };
     for (int i = 5; i < ITEM_SIZE; i++) {
-        PyTuple_SET_ITEM(item, i, PyList_New(0));
+        fields[i] = PyList_New(0);
     }
-    for (int i = 2; i < ITEM_SIZE; i++) {
-        if (PyTuple_GET_ITEM(item, i) == NULL) {
-            Py_DECREF(item);
-            return NULL;
-        }
-    }
-    return item;
+    return new_item(fields, ITEM_SIZE);
 }
 
-/* An item for a message the fast path leaves to parse_record. */
-static PyObject *slow_item(PyObject *topic, PyObject *partition, PyObject *message) {
-    PyObject *item = PyTuple_New(ITEM_SIZE);
-    if (item == NULL) {
-        return NULL;
+/* The headers of a message as confluent-kafka gives them: None, or a list of (str, bytes or
+ * None) pairs. */
+static PyObject *headers_of(const rd_kafka_headers_t *headers) {
+    if (headers == NULL) {
+        Py_RETURN_NONE;
     }
-    PyObject *fields[ITEM_SIZE] = {topic, partition, NULL, message, Py_None, Py_None,
-                                   Py_None, Py_None, Py_None, Py_None};
-    for (int i = 0; i < ITEM_SIZE; i++) {
-        if (i == 2) {
-            PyObject *slow = PyLong_FromLong(SLOW);
-            if (slow == NULL) {
-                Py_DECREF(item);
-                return NULL;
-            }
-            PyTuple_SET_ITEM(item, i, slow);
-            continue;
+    PyObject *list = PyList_New(0);
+    const char *name;
+    const void *value;
+    size_t size;
+    for (size_t i = 0; list != NULL && rdk.header_get_all(headers, i, &name, &value, &size) == 0;
+         i++) {
+        PyObject *pair = Py_BuildValue("(NN)", PyUnicode_DecodeUTF8(name, strlen(name), "replace"),
+                                       bytes_or_none(value, size));
+        if (pair == NULL || PyList_Append(list, pair) < 0) {
+            Py_XDECREF(pair);
+            Py_CLEAR(list);
+            break;
         }
-        Py_INCREF(fields[i]);
-        PyTuple_SET_ITEM(item, i, fields[i]);
+        Py_DECREF(pair);
     }
-    return item;
+    return list;
 }
 
 static int append_new(PyObject *list, PyObject *object) {
@@ -247,10 +325,6 @@ static int append_new(PyObject *list, PyObject *object) {
     int result = PyList_Append(list, object);
     Py_DECREF(object);
     return result;
-}
-
-static int append(PyObject *list, PyObject *object) {
-    return PyList_Append(list, object == NULL ? Py_None : object);
 }
 
 /* Whether `run` (an item of this module, or NULL) continues with this record: 1, 0, or -1 on
@@ -268,57 +342,88 @@ static int continues(PyObject *run, PyObject *topic, PyObject *partition, const 
                          : PyLong_AsLongLong(batch) != record->batch) {
         return 0;
     }
-    PyObject *pairs[2][2] = {{PyTuple_GET_ITEM(run, 0), topic}, {PyTuple_GET_ITEM(run, 1), partition}};
-    for (int i = 0; i < 2; i++) {
-        if (pairs[i][0] != pairs[i][1]) {
-            int equal = PyObject_RichCompareBool(pairs[i][0], pairs[i][1], Py_EQ);
-            if (equal != 1) {
-                return equal;
-            }
+    if (PyTuple_GET_ITEM(run, 0) != topic) {
+        return 0; /* one str per topic name a read makes (names_by_topic) */
+    }
+    return PyObject_RichCompareBool(PyTuple_GET_ITEM(run, 1), partition, Py_EQ);
+}
+
+/* The topic's name as one str per read (a small cache of librdkafka topic -> str). */
+typedef struct {
+    const rd_kafka_topic_t *topics[8];
+    PyObject *names[8];
+    int count;
+} Names;
+
+static PyObject *name_of(Names *names, const rd_kafka_topic_t *topic) {
+    for (int i = 0; i < names->count; i++) {
+        if (names->topics[i] == topic) {
+            return names->names[i];
         }
     }
-    return 1;
+    const char *text = rdk.topic_name(topic);
+    PyObject *name = PyUnicode_DecodeUTF8(text, strlen(text), "replace");
+    if (name != NULL && names->count < 8) {
+        names->topics[names->count] = topic;
+        names->names[names->count++] = name;
+    } else if (name != NULL) {
+        Py_DECREF(names->names[7]);
+        names->topics[7] = topic;
+        names->names[7] = name;
+    }
+    return name;
 }
 
 /* Reads one message onto `items`. `*run` is the run item the message may continue (borrowed:
  * `items` holds it; NULL: none), and is set to the one the next message may continue.
  * Returns 0, or -1 with an exception set. */
-static int read_message(PyObject *message, PyObject *items, PyObject **run) {
-    int result = -1, fast = 0;
-    PyObject *error = NULL, *topic = NULL, *partition = NULL, *offset = NULL, *key = NULL,
-             *value = NULL, *headers = NULL, *state_key = NULL;
-    Record record = {0, NULL, 0, NULL, NO_BATCH, NULL};
-    if ((error = call(message, method_error)) == NULL ||
-        (topic = call(message, method_topic)) == NULL ||
-        (partition = call(message, method_partition)) == NULL) {
-        goto done;
+static int read_message(const rd_kafka_message_t *message, PyObject *items, PyObject **run,
+                        Names *names) {
+    PyObject *topic = message->rkt == NULL ? Py_None : name_of(names, message->rkt);
+    if (topic == NULL) {
+        return -1;
     }
-    if (error == Py_None && PyUnicode_Check(topic) && PyLong_Check(partition)) {
-        if ((offset = call(message, method_offset)) == NULL ||
-            (key = call(message, method_key)) == NULL ||
-            (value = call(message, method_value)) == NULL ||
-            (headers = call(message, method_headers)) == NULL) {
-            goto done;
-        }
-        if (PyLong_Check(offset) && PyBytes_Check(key)) {
-            if (value == Py_None) {
-                record.kind = TOMBSTONE;
-                fast = 1;
-            } else if (PyBytes_Check(value)) {
-                fast = read_key(key, value, &record);
-            }
-            fast = fast && read_headers(headers, &record);
-        }
+    PyObject *partition = PyLong_FromLong(message->partition);
+    if (partition == NULL) {
+        return -1;
     }
-    if (fast && record.kind != MARKER && record.kind != CLOSE) {
-        if ((state_key = state_key_of(key)) == NULL) {
-            goto done;
+    int result = -1;
+    if (message->err != 0) {
+        *run = NULL;
+        const char *text = rdk.err2str(message->err);
+        PyObject *fields[4] = {Py_NewRef(topic), Py_NewRef(partition), PyLong_FromLong(ERROR),
+                               Py_BuildValue("(is)", message->err, text)};
+        result = append_new(items, new_item(fields, 4));
+        Py_DECREF(partition);
+        return result;
+    }
+    rd_kafka_headers_t *headers = NULL;
+    if (rdk.message_headers(message, &headers) != 0) {
+        headers = NULL;
+    }
+    Record record = {0, NULL, 0, NO_BATCH, NULL, 0};
+    const char *key = message->key;
+    Py_ssize_t key_length = (Py_ssize_t)message->key_len;
+    int fast = 0;
+    if (key != NULL) {
+        if (message->payload == NULL) {
+            record.kind = TOMBSTONE;
+            fast = 1;
+        } else {
+            fast = read_key(key, key_length, message->len == 0, &record);
         }
+        fast = fast && read_headers(headers, &record);
     }
     if (!fast) {
         *run = NULL;
-        result = append_new(items, slow_item(topic, partition, message));
-        goto done;
+        PyObject *fields[4] = {
+            Py_NewRef(topic), Py_NewRef(partition), PyLong_FromLong(SLOW),
+            Py_BuildValue("(LNNN)", (long long)message->offset, bytes_or_none(key, key_length),
+                          bytes_or_none(message->payload, message->len), headers_of(headers)),
+        };
+        result = append_new(items, new_item(fields, 4));
+        Py_DECREF(partition);
+        return result;
     }
     int continued = continues(*run, topic, partition, &record);
     if (continued < 0) {
@@ -332,67 +437,394 @@ static int read_message(PyObject *message, PyObject *items, PyObject **run) {
         }
         *run = started; /* `items` holds it */
     }
-    if (append(PyTuple_GET_ITEM(*run, 5), offset) < 0 ||
-        append(PyTuple_GET_ITEM(*run, 6), key) < 0 ||
-        append(PyTuple_GET_ITEM(*run, 7), value) < 0 ||
-        append(PyTuple_GET_ITEM(*run, 8), record.supersedes) < 0 ||
-        append(PyTuple_GET_ITEM(*run, 9), state_key) < 0) {
+    if (append_new(PyTuple_GET_ITEM(*run, 5), PyLong_FromLongLong(message->offset)) < 0 ||
+        append_new(PyTuple_GET_ITEM(*run, 6), PyBytes_FromStringAndSize(key, key_length)) < 0 ||
+        append_new(PyTuple_GET_ITEM(*run, 7),
+                   record.kind == TOMBSTONE ? Py_NewRef(Py_None)
+                                            : bytes_or_none(message->payload, message->len)) < 0 ||
+        append_new(PyTuple_GET_ITEM(*run, 8),
+                   bytes_or_none(record.supersedes, record.supersedes_length)) < 0 ||
+        append_new(PyTuple_GET_ITEM(*run, 9),
+                   record.kind == MARKER || record.kind == CLOSE ? Py_NewRef(Py_None)
+                                                                : state_key_of(key, key_length)) < 0) {
         goto done;
     }
     result = 0;
 done:
-    Py_XDECREF(error);
-    Py_XDECREF(topic);
-    Py_XDECREF(partition);
-    Py_XDECREF(offset);
-    Py_XDECREF(key);
-    Py_XDECREF(value);
-    Py_XDECREF(headers);
-    Py_XDECREF(state_key);
+    Py_DECREF(partition);
     return result;
 }
 
-static PyObject *runs(PyObject *module, PyObject *messages) {
+/* The restore's own librdkafka consumer: a capsule holding its handle (NULL once closed). */
+#define CAPSULE "smoothscale.restore-consumer"
+
+static void capsule_destroy(PyObject *capsule) {
+    rd_kafka_t **rk = PyCapsule_GetPointer(capsule, CAPSULE);
+    if (rk != NULL && *rk != NULL) {
+        rdk.destroy(*rk);
+    }
+    PyMem_Free(rk);
+}
+
+static rd_kafka_t *handle_of(PyObject *consumer) {
+    if (!PyCapsule_IsValid(consumer, CAPSULE)) {
+        PyErr_SetString(PyExc_TypeError, "not the restore's consumer (_changelog.open_consumer)");
+        return NULL;
+    }
+    rd_kafka_t **rk = PyCapsule_GetPointer(consumer, CAPSULE);
+    if (rk == NULL) {
+        return NULL;
+    }
+    if (*rk == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the consumer is closed");
+        return NULL;
+    }
+    return *rk;
+}
+
+static PyObject *open_consumer(PyObject *module, PyObject *config) {
     (void)module;
-    if (!PyList_Check(messages)) {
-        PyErr_SetString(PyExc_TypeError, "runs() takes a list of messages");
+    if (!PyDict_Check(config)) {
+        PyErr_SetString(PyExc_TypeError, "open_consumer() takes a dict of str settings");
         return NULL;
     }
-    PyObject *items = PyList_New(0);
-    if (items == NULL) {
-        return NULL;
-    }
-    PyObject *run = NULL;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(messages); i++) {
-        if (read_message(PyList_GET_ITEM(messages, i), items, &run) < 0) {
-            Py_DECREF(items);
+    char error[512];
+    rd_kafka_conf_t *conf = rdk.conf_new();
+    PyObject *key, *value;
+    Py_ssize_t at = 0;
+    while (PyDict_Next(config, &at, &key, &value)) {
+        const char *name = PyUnicode_AsUTF8(key), *text = PyUnicode_AsUTF8(value);
+        if (name == NULL || text == NULL) {
+            rdk.conf_destroy(conf);
+            return NULL;
+        }
+        if (rdk.conf_set(conf, name, text, error, sizeof(error)) != 0) {
+            rdk.conf_destroy(conf);
+            PyErr_Format(PyExc_ValueError, "%s", error);
             return NULL;
         }
     }
-    return items;
+    rd_kafka_t *rk = rdk.new_(1 /* RD_KAFKA_CONSUMER */, conf, error, sizeof(error));
+    if (rk == NULL) {
+        rdk.conf_destroy(conf);
+        PyErr_Format(PyExc_ValueError, "%s", error);
+        return NULL;
+    }
+    rdk.poll_set_consumer(rk);
+    rd_kafka_t **held = PyMem_Malloc(sizeof(*held));
+    if (held == NULL) {
+        rdk.destroy(rk);
+        return PyErr_NoMemory();
+    }
+    *held = rk;
+    PyObject *capsule = PyCapsule_New(held, CAPSULE, capsule_destroy);
+    if (capsule == NULL) {
+        rdk.destroy(rk);
+        PyMem_Free(held);
+    }
+    return capsule;
+}
+
+/* A partition list from a list of (topic, partition, offset) tuples. */
+static rd_kafka_topic_partition_list_t *partitions_of(PyObject *list) {
+    if (!PyList_Check(list)) {
+        PyErr_SetString(PyExc_TypeError, "a list of (topic, partition, offset)");
+        return NULL;
+    }
+    rd_kafka_topic_partition_list_t *partitions = rdk.list_new((int)PyList_GET_SIZE(list));
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++) {
+        const char *topic;
+        int partition;
+        long long offset;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(list, i), "siL", &topic, &partition, &offset)) {
+            rdk.list_destroy(partitions);
+            return NULL;
+        }
+        rdk.list_add(partitions, topic, partition)->offset = offset;
+    }
+    return partitions;
+}
+
+static PyObject *assign(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *consumer, *list;
+    int add;
+    if (!PyArg_ParseTuple(args, "OOp:assign", &consumer, &list, &add)) {
+        return NULL;
+    }
+    rd_kafka_t *rk = handle_of(consumer);
+    rd_kafka_topic_partition_list_t *partitions = rk == NULL ? NULL : partitions_of(list);
+    if (partitions == NULL) {
+        return NULL;
+    }
+    rd_kafka_error_t *error = add ? rdk.incremental_assign(rk, partitions)
+                                  : rdk.incremental_unassign(rk, partitions);
+    rdk.list_destroy(partitions);
+    if (error != NULL) {
+        PyErr_Format(PyExc_RuntimeError, "%s", rdk.error_string(error));
+        rdk.error_destroy(error);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *positions(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *consumer, *list;
+    if (!PyArg_ParseTuple(args, "OO:positions", &consumer, &list)) {
+        return NULL;
+    }
+    rd_kafka_t *rk = handle_of(consumer);
+    rd_kafka_topic_partition_list_t *partitions = rk == NULL ? NULL : partitions_of(list);
+    if (partitions == NULL) {
+        return NULL;
+    }
+    rdk.position(rk, partitions);
+    PyObject *found = PyList_New(partitions->cnt);
+    for (int i = 0; found != NULL && i < partitions->cnt; i++) {
+        PyObject *offset = PyLong_FromLongLong(partitions->elems[i].offset);
+        if (offset == NULL) {
+            Py_CLEAR(found);
+            break;
+        }
+        PyList_SET_ITEM(found, i, offset);
+    }
+    rdk.list_destroy(partitions);
+    return found;
+}
+
+static PyObject *cached_watermarks(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *consumer;
+    const char *topic;
+    int partition;
+    if (!PyArg_ParseTuple(args, "Osi:cached_watermarks", &consumer, &topic, &partition)) {
+        return NULL;
+    }
+    rd_kafka_t *rk = handle_of(consumer);
+    if (rk == NULL) {
+        return NULL;
+    }
+    int64_t low = -1001, high = -1001;
+    rdk.get_watermark_offsets(rk, topic, partition, &low, &high);
+    return Py_BuildValue("(LL)", (long long)low, (long long)high);
+}
+
+static PyObject *query_watermarks(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *consumer;
+    const char *topic;
+    int partition;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "Osid:query_watermarks", &consumer, &topic, &partition, &timeout)) {
+        return NULL;
+    }
+    rd_kafka_t *rk = handle_of(consumer);
+    if (rk == NULL) {
+        return NULL;
+    }
+    int64_t low = -1001, high = -1001;
+    int error;
+    Py_BEGIN_ALLOW_THREADS
+    error = rdk.query_watermark_offsets(rk, topic, partition, &low, &high,
+                                        timeout < 0 ? -1 : (int)(timeout * 1000));
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("(iLL)", error, (long long)low, (long long)high);
+}
+
+static PyObject *refresh_metadata(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *consumer;
+    const char *topic;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "Osd:refresh_metadata", &consumer, &topic, &timeout)) {
+        return NULL;
+    }
+    rd_kafka_t *rk = handle_of(consumer);
+    if (rk == NULL) {
+        return NULL;
+    }
+    rd_kafka_topic_t *handle = rdk.topic_new(rk, topic, NULL);
+    if (handle == NULL) {
+        PyErr_Format(PyExc_RuntimeError, "librdkafka has no handle for topic %s", topic);
+        return NULL;
+    }
+    const void *metadata = NULL;
+    int error;
+    Py_BEGIN_ALLOW_THREADS
+    error = rdk.metadata(rk, 0, handle, &metadata, timeout < 0 ? -1 : (int)(timeout * 1000));
+    Py_END_ALLOW_THREADS
+    if (metadata != NULL) {
+        rdk.metadata_destroy(metadata);
+    }
+    rdk.topic_destroy(handle);
+    return PyLong_FromLong(error);
+}
+
+static PyObject *close_consumer(PyObject *module, PyObject *consumer) {
+    (void)module;
+    rd_kafka_t **rk = PyCapsule_GetPointer(consumer, CAPSULE);
+    if (rk == NULL) {
+        return NULL;
+    }
+    if (*rk != NULL) {
+        rd_kafka_t *closing = *rk;
+        *rk = NULL;
+        Py_BEGIN_ALLOW_THREADS
+        rdk.consumer_close(closing);
+        rdk.destroy(closing);
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *read_runs(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *consumer;
+    Py_ssize_t count;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "Ond:read", &consumer, &count, &timeout)) {
+        return NULL;
+    }
+    if (count < 1) {
+        PyErr_SetString(PyExc_ValueError, "read() reads at least one message");
+        return NULL;
+    }
+    rd_kafka_t *rk = handle_of(consumer);
+    if (rk == NULL) {
+        return NULL;
+    }
+    rd_kafka_message_t **messages = PyMem_Malloc(sizeof(*messages) * (size_t)count);
+    if (messages == NULL) {
+        return PyErr_NoMemory();
+    }
+    rd_kafka_queue_t *queue = rdk.queue_get_consumer(rk);
+    ssize_t consumed = -1;
+    if (queue != NULL) {
+        int timeout_ms = timeout < 0 ? -1 : (int)(timeout * 1000);
+        Py_BEGIN_ALLOW_THREADS
+        consumed = rdk.consume_batch_queue(queue, timeout_ms, messages, (size_t)count);
+        Py_END_ALLOW_THREADS
+        rdk.queue_destroy(queue);
+    }
+    if (consumed < 0) {
+        PyMem_Free(messages);
+        PyErr_SetString(PyExc_RuntimeError, "librdkafka could not consume (no consumer queue)");
+        return NULL;
+    }
+    PyObject *items = PyList_New(0), *run = NULL;
+    Names names = {.count = 0};
+    for (ssize_t i = 0; i < consumed; i++) {
+        if (items != NULL && read_message(messages[i], items, &run, &names) < 0) {
+            Py_CLEAR(items);
+        }
+        rdk.message_destroy(messages[i]);
+    }
+    for (int i = 0; i < names.count; i++) {
+        Py_DECREF(names.names[i]);
+    }
+    PyMem_Free(messages);
+    if (items == NULL) {
+        return NULL;
+    }
+    return Py_BuildValue("(nN)", (Py_ssize_t)consumed, items);
 }
 
 static PyMethodDef methods[] = {
-    {"runs", runs, METH_O,
-     "The runs of consecutive records of one partition, kind, writer and batch in a list of "
-     "changelog messages (see the module's documentation)."},
+    {"open_consumer", open_consumer, METH_O, "open_consumer(settings) -> the restore's consumer"},
+    {"assign", assign, METH_VARARGS, "assign(consumer, [(topic, partition, offset)], add)"},
+    {"positions", positions, METH_VARARGS, "positions(consumer, [(topic, partition, 0)])"},
+    {"cached_watermarks", cached_watermarks, METH_VARARGS,
+     "cached_watermarks(consumer, topic, partition) -> (low, high)"},
+    {"query_watermarks", query_watermarks, METH_VARARGS,
+     "query_watermarks(consumer, topic, partition, timeout) -> (error code, low, high)"},
+    {"refresh_metadata", refresh_metadata, METH_VARARGS,
+     "refresh_metadata(consumer, topic, timeout) -> error code"},
+    {"close", close_consumer, METH_O, "close(consumer)"},
+    {"read", read_runs, METH_VARARGS,
+     "read(consumer, count, timeout) -> (messages consumed, items): consume up to `count` "
+     "changelog messages, waiting at most `timeout` seconds, and read them into runs (see the "
+     "module's documentation)."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_changelog",
-    "The restore's per-record work in C: splitting changelog messages into runs.", -1, methods,
-    NULL, NULL, NULL, NULL,
+    "The restore's per-record work in C: consuming changelog records and splitting them into "
+    "runs.",
+    -1, methods, NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__changelog(void) {
-    PyObject **names[] = {&method_error, &method_topic, &method_partition, &method_offset,
-                          &method_key, &method_value, &method_headers};
-    const char *texts[] = {"error", "topic", "partition", "offset", "key", "value", "headers"};
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-        if ((*names[i] = PyUnicode_InternFromString(texts[i])) == NULL) {
-            return NULL;
+/* librdkafka's functions, from the library confluent-kafka's extension `path` is linked with
+ * (dlsym through a handle searches the object and what it depends on). */
+static int load_librdkafka(const char *path) {
+    void *library = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    if (library == NULL) {
+        PyErr_Format(PyExc_ImportError, "cannot find confluent-kafka's librdkafka: %s", dlerror());
+        return -1;
+    }
+    struct {
+        void **function;
+        const char *name;
+    } wanted[] = {
+        {(void **)&rdk.conf_new, "rd_kafka_conf_new"},
+        {(void **)&rdk.conf_set, "rd_kafka_conf_set"},
+        {(void **)&rdk.conf_destroy, "rd_kafka_conf_destroy"},
+        {(void **)&rdk.new_, "rd_kafka_new"},
+        {(void **)&rdk.poll_set_consumer, "rd_kafka_poll_set_consumer"},
+        {(void **)&rdk.list_new, "rd_kafka_topic_partition_list_new"},
+        {(void **)&rdk.list_add, "rd_kafka_topic_partition_list_add"},
+        {(void **)&rdk.list_destroy, "rd_kafka_topic_partition_list_destroy"},
+        {(void **)&rdk.incremental_assign, "rd_kafka_incremental_assign"},
+        {(void **)&rdk.incremental_unassign, "rd_kafka_incremental_unassign"},
+        {(void **)&rdk.error_string, "rd_kafka_error_string"},
+        {(void **)&rdk.error_destroy, "rd_kafka_error_destroy"},
+        {(void **)&rdk.position, "rd_kafka_position"},
+        {(void **)&rdk.get_watermark_offsets, "rd_kafka_get_watermark_offsets"},
+        {(void **)&rdk.query_watermark_offsets, "rd_kafka_query_watermark_offsets"},
+        {(void **)&rdk.metadata, "rd_kafka_metadata"},
+        {(void **)&rdk.metadata_destroy, "rd_kafka_metadata_destroy"},
+        {(void **)&rdk.topic_new, "rd_kafka_topic_new"},
+        {(void **)&rdk.topic_destroy, "rd_kafka_topic_destroy"},
+        {(void **)&rdk.consumer_close, "rd_kafka_consumer_close"},
+        {(void **)&rdk.destroy, "rd_kafka_destroy"},
+        {(void **)&rdk.queue_get_consumer, "rd_kafka_queue_get_consumer"},
+        {(void **)&rdk.queue_destroy, "rd_kafka_queue_destroy"},
+        {(void **)&rdk.consume_batch_queue, "rd_kafka_consume_batch_queue"},
+        {(void **)&rdk.message_destroy, "rd_kafka_message_destroy"},
+        {(void **)&rdk.topic_name, "rd_kafka_topic_name"},
+        {(void **)&rdk.message_headers, "rd_kafka_message_headers"},
+        {(void **)&rdk.header_get_all, "rd_kafka_header_get_all"},
+        {(void **)&rdk.err2str, "rd_kafka_err2str"},
+    };
+    for (size_t i = 0; i < sizeof(wanted) / sizeof(wanted[0]); i++) {
+        *wanted[i].function = dlsym(library, wanted[i].name);
+        if (*wanted[i].function == NULL) {
+            PyErr_Format(PyExc_ImportError, "confluent-kafka's librdkafka has no %s",
+                         wanted[i].name);
+            return -1;
         }
+    }
+    return 0; /* the library stays loaded: confluent-kafka holds it */
+}
+
+PyMODINIT_FUNC PyInit__changelog(void) {
+    PyObject *cimpl = PyImport_ImportModule("confluent_kafka.cimpl");
+    if (cimpl == NULL) {
+        return NULL;
+    }
+    PyObject *path = PyObject_GetAttrString(cimpl, "__file__");
+    Py_DECREF(cimpl);
+    if (path == NULL) {
+        return NULL;
+    }
+    int failed = !PyUnicode_Check(path) || load_librdkafka(PyUnicode_AsUTF8(path)) < 0;
+    Py_DECREF(path);
+    if (failed) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_ImportError, "confluent_kafka.cimpl has no file path");
+        }
+        return NULL;
     }
     return PyModule_Create(&module);
 }

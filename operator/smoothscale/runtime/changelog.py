@@ -63,7 +63,7 @@ KIND_CODES = (
     RecordKind.DELETE,
     RecordKind.TOMBSTONE,
 )
-"""The kinds by the numbers `_changelog.runs` gives them."""
+"""The kinds by the numbers `_changelog.read` gives them."""
 # The kinds a restore tests every run against, as plain names: looking a member up on the
 # enum class costs a Python-level attribute lookup each time.
 _TOMBSTONE, _CLOSE, _DATA = RecordKind.TOMBSTONE, RecordKind.CLOSE, RecordKind.DATA
@@ -194,7 +194,7 @@ def parse_record(
     (name, bytes) pairs; a dict, or text values, are read too).
 
     This is the definition of the format; the restore reads the same records faster with
-    `_changelog.runs`, which leaves every record it does not read the same way to this."""
+    `_changelog.read`, which leaves every record it does not read the same way to this."""
     if key is None:
         raise ChangelogFormatError("a changelog record without a key")
     fields = dict(headers) if headers else {}
@@ -290,11 +290,14 @@ class Run(NamedTuple):
 
 
 SLOW = -1
-"""The kind `_changelog.runs` gives a message it leaves to `parse_record`."""
+"""The kind `_changelog.read` gives a record it leaves to `parse_record`: its item holds
+(offset, key, value, headers)."""
+ERROR = -2
+"""The kind `_changelog.read` gives an error event: its item holds (code, text)."""
 
 
 def run_of(item: "Item") -> Run:
-    """The run an item of `_changelog.runs` holds (not a SLOW one)."""
+    """The run an item of `_changelog.read` holds (not a SLOW or ERROR one)."""
     kind, writer, batch = item[2], item[3], item[4]
     return Run(KIND_CODES[kind], _writer(writer), batch, *cast(_Columns, item[5:]))
 

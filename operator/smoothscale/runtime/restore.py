@@ -16,16 +16,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from smoothscale.kafka import names
 from smoothscale.kafka.following import FOLLOWER_SETTINGS
-from smoothscale.kafka.watermarks import watermarks
-from smoothscale.runtime._changelog import runs
+from smoothscale.kafka.watermarks import WatermarkClient, watermarks
+from smoothscale.runtime import _changelog
+from smoothscale.runtime._changelog import read
 from smoothscale.runtime.changelog import (
-    SLOW,
+    ERROR,
     ChangelogFormatError,
     Cursor,
     RecordKind,
@@ -38,6 +39,9 @@ from smoothscale.runtime.changelog import (
 from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.store import StateChanges, TaskState
 from smoothscale.tasks import TaskId
+
+if TYPE_CHECKING:
+    from smoothscale.runtime._changelog import Item
 
 log = logging.getLogger(__name__)
 
@@ -76,24 +80,74 @@ RestoredCallback = Callable[[TaskId, int], None]
 """Called with (task, records applied) after each restored batch."""
 
 
-def restore_consumer(config: WorkerConfig) -> Consumer:
-    """A read_committed consumer that only assign()s changelog partitions and never commits.
+class RestoreConsumer:
+    """The restore's own librdkafka consumer (`_changelog.open_consumer`), with the part of
+    confluent-kafka's Consumer API the restore uses. WIP: list_topics is not there."""
+
+    def __init__(self, settings: dict[str, str]) -> None:
+        self.handle = _changelog.open_consumer(settings)
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        self.incremental_assign(partitions)
+
+    def incremental_assign(self, partitions: list[TopicPartition]) -> None:
+        _changelog.assign(self.handle, [(p.topic, p.partition, p.offset) for p in partitions], True)
+
+    def incremental_unassign(self, partitions: list[TopicPartition]) -> None:
+        _changelog.assign(self.handle, [(p.topic, p.partition, 0) for p in partitions], False)
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        offsets = _changelog.positions(self.handle, [(p.topic, p.partition, 0) for p in partitions])
+        return [
+            TopicPartition(p.topic, p.partition, o)
+            for p, o in zip(partitions, offsets, strict=True)
+        ]
+
+    def get_watermark_offsets(
+        self, partition: TopicPartition, timeout: float = -1, cached: bool = False
+    ) -> tuple[int, int]:
+        topic, number = partition.topic, partition.partition
+        if cached:
+            return _changelog.cached_watermarks(self.handle, topic, number)
+        error, low, high = _changelog.query_watermarks(self.handle, topic, number, timeout)
+        if error:
+            raise KafkaException(KafkaError(error))
+        return low, high
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> None:
+        """Refresh `topic`'s metadata (partitions added since the handle last read it)."""
+        if topic is None:
+            raise ValueError("the restore's consumer refreshes one topic at a time")
+        error = _changelog.refresh_metadata(self.handle, topic, timeout)
+        if error:
+            raise KafkaException(KafkaError(error))
+
+    def close(self) -> None:
+        _changelog.close(self.handle)
+
+
+def restore_settings(config: WorkerConfig) -> dict[str, str]:
+    """The settings of a read_committed consumer that only assign()s changelog partitions and
+    never commits.
 
     A position the broker no longer has is an error (`auto.offset.reset` error), never a silent
     jump to the log start: the records in between would be lost from the state."""
-    return Consumer(
-        {
-            **FOLLOWER_SETTINGS,
-            **config.client_config(),
-            "group.id": names.reader_group(config.app_id),
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "isolation.level": "read_committed",
-            "auto.offset.reset": "error",
-            "enable.partition.eof": False,
-            "fetch.queue.backoff.ms": QUEUE_BACKOFF_MS,
-        }
-    )
+    return {
+        **FOLLOWER_SETTINGS,
+        **config.client_config(),
+        "group.id": names.reader_group(config.app_id),
+        "enable.auto.commit": "false",
+        "enable.auto.offset.store": "false",
+        "isolation.level": "read_committed",
+        "auto.offset.reset": "error",
+        "enable.partition.eof": "false",
+        "fetch.queue.backoff.ms": str(QUEUE_BACKOFF_MS),
+    }
+
+
+def restore_consumer(config: WorkerConfig) -> Consumer:
+    """A confluent-kafka consumer with the restore's settings (for offsets and watermarks)."""
+    return Consumer(restore_settings(config))
 
 
 class ChangelogUnusableError(RuntimeError):
@@ -173,7 +227,7 @@ class _Applier:
             if changes is not None:
                 states[each].apply(changes)
 
-    def check_retention(self, consumer: Consumer, state: TaskState, timeout: float) -> None:
+    def check_retention(self, consumer: RestoreConsumer, state: TaskState, timeout: float) -> None:
         """Fail `state`'s task if retention deleted changelog records it still needs."""
         for store in state.stores:
             topic = self._topic_of[store]
@@ -185,7 +239,7 @@ class _Applier:
                 return
 
     def _out_of_range(
-        self, consumer: Consumer, task: TaskId | None, states: Mapping[TaskId, TaskState]
+        self, consumer: RestoreConsumer, task: TaskId | None, states: Mapping[TaskId, TaskState]
     ) -> None:
         """The broker has no record at a followed task's position any more: fail the task
         (retention deleted records it needs, or the topic was replaced), never skip records."""
@@ -226,17 +280,15 @@ class _Applier:
         }
 
     def apply(
-        self, consumer: Consumer, messages: list[Message], states: Mapping[TaskId, TaskState]
+        self, consumer: RestoreConsumer, items: "list[Item]", states: Mapping[TaskId, TaskState]
     ) -> dict[TaskId, int]:
-        """Apply `messages` (emptying the list: each message is freed once read); returns the
-        records applied or skipped per task."""
+        """Apply the records `_changelog.read` read; returns the records applied or skipped per
+        task."""
         found: dict[tuple[str, int], list[Run]] = {}
-        items = runs(messages)
-        messages.clear()
         for item in items:
             topic, partition, kind = item[0], item[1], item[2]
-            if kind == SLOW:
-                run = self._read(consumer, item[3], states)
+            if kind < 0:
+                run = self._read(consumer, item, states)
             elif partition in states and partition not in self.failures:
                 run = run_of(item)
             else:
@@ -254,32 +306,31 @@ class _Applier:
         return counts
 
     def _read(
-        self, consumer: Consumer, message: Message, states: Mapping[TaskId, TaskState]
+        self, consumer: RestoreConsumer, item: "Item", states: Mapping[TaskId, TaskState]
     ) -> Run | None:
-        """The one-record run of a message `runs` left to parse_record; None for an error
+        """The one-record run of a record `read` left to parse_record; None for an error
         (handled here) or a record of no task followed."""
-        error = message.error()
-        if error is not None:
-            if error.code() == KafkaError._AUTO_OFFSET_RESET:
-                self._out_of_range(consumer, message.partition(), states)
-            elif error.code() != KafkaError._PARTITION_EOF:
-                log.warning("changelog read error: %s", error)
+        topic, partition = item[0], item[1]
+        if item[2] == ERROR:
+            code, text = item[3]
+            if code == KafkaError._AUTO_OFFSET_RESET:
+                self._out_of_range(consumer, partition, states)
+            elif code != KafkaError._PARTITION_EOF:
+                log.warning("changelog read error on %s[%s]: %s", topic, partition, text)
             return None
-        topic, partition = message.topic(), message.partition()
-        if topic is None or partition is None or partition not in states:
+        if partition not in states or partition in self.failures:
             return None
-        if partition in self.failures:
-            return None
+        offset, key, value, headers = item[3]
         try:
-            record = parse_record(message.key(), message.value(), message.headers())
+            record = parse_record(key, value, headers)
         except ChangelogFormatError as format_error:
-            where = f"{topic}[{partition}] at offset {message.offset()}"
+            where = f"{topic}[{partition}] at offset {offset}"
             self.failures[partition] = foreign_record_error(partition, where, format_error)
             log.error("%s", self.failures[partition])
             return None
-        return runs_of([(message.offset() or 0, record)])[0]
+        return runs_of([(offset, record)])[0]
 
-    def advance_idle(self, consumer: Consumer, states: Mapping[TaskId, TaskState]) -> None:
+    def advance_idle(self, consumer: RestoreConsumer, states: Mapping[TaskId, TaskState]) -> None:
         """Move positions past trailing commit markers that deliver no message."""
         for state in states.values():
             if state.task in self.failures:
@@ -287,7 +338,9 @@ class _Applier:
             for store in state.stores:
                 self._fold(consumer, state, store, [])
 
-    def _fold(self, consumer: Consumer, state: TaskState, store: str, runs: list[Run]) -> None:
+    def _fold(
+        self, consumer: RestoreConsumer, state: TaskState, store: str, runs: list[Run]
+    ) -> None:
         """Fold `runs` into the task's unwritten changes (written by `write`: when the loop
         has read all it was given, when they hold WRITE_BEHIND_BYTES, or before the state
         leaves the loop)."""
@@ -314,7 +367,7 @@ class _Applier:
 
 
 def end_offsets(
-    consumer: Consumer, changelog_topics: Mapping[str, str], task: TaskId, timeout: float
+    consumer: WatermarkClient, changelog_topics: Mapping[str, str], task: TaskId, timeout: float
 ) -> dict[str, int]:
     """Per store, the end of the task's changelog partition a read_committed reader can reach."""
     return {
@@ -350,7 +403,7 @@ def catch_up(
     """
     changelog_topics = config.changelog_topics()
     applier = _Applier(changelog_topics)
-    consumer = restore_consumer(config)
+    consumer = RestoreConsumer(restore_settings(config))
     try:
         if targets is None:
             targets = end_offsets(consumer, changelog_topics, state.task, timeout)
@@ -374,9 +427,9 @@ def catch_up(
                     f"{dict(targets)} within {timeout} s; is the changelog readable "
                     "(an open transaction holds back read_committed readers)?"
                 )
-            messages = consumer.consume(num_messages=READ_CHUNK, timeout=0.2)
-            drained = len(messages) < READ_CHUNK
-            counts = applier.apply(consumer, messages, states)
+            consumed, items = read(consumer.handle, READ_CHUNK, 0.2)
+            drained = consumed < READ_CHUNK
+            counts = applier.apply(consumer, items, states)
             if state.task in applier.failures:
                 raise ChangelogUnusableError(applier.failures[state.task])
             applier.advance_idle(consumer, states)
@@ -395,7 +448,7 @@ class RestoreLoop:
 
     def __init__(self, config: WorkerConfig, on_restored: RestoredCallback | None = None) -> None:
         self._applier = _Applier(config.changelog_topics())
-        self._consumer = restore_consumer(config)
+        self._consumer = RestoreConsumer(restore_settings(config))
         self._on_restored = on_restored
         self._states: dict[TaskId, TaskState] = {}
         self._lock = threading.Lock()
@@ -529,11 +582,9 @@ class RestoreLoop:
                         idle = True
                     else:
                         idle = False
-                        messages = self._consumer.consume(
-                            num_messages=READ_CHUNK, timeout=_CONSUME_SECONDS
-                        )
-                        drained = len(messages) < READ_CHUNK
-                        counts = self._applier.apply(self._consumer, messages, self._states)
+                        consumed, items = read(self._consumer.handle, READ_CHUNK, _CONSUME_SECONDS)
+                        drained = consumed < READ_CHUNK
+                        counts = self._applier.apply(self._consumer, items, self._states)
                         self._applier.advance_idle(self._consumer, self._states)
                         if drained:  # read all there was for now: written while it waits
                             self._applier.write(self._states)
