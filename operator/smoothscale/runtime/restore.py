@@ -46,12 +46,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 250
-"""Messages one consume of a restore takes at most. Few enough that they are freed before
-Python's garbage collector looks at them (it runs after about 700 new container objects, and a
-confluent-kafka Message is one): read 2,000 at a time, the benchmark's restore spent a fifth of
-its time in collections, most of it in full ones over every object of the process (messages
-still held were promoted, and enough promotions trigger a full collection); 250 at a time, 3%,
-and 20% more records/s (docs/benchmarks/throughput.md)."""
+"""Messages one read of a restore takes at most: the objects a chunk makes are freed before
+Python's garbage collector looks at them (it runs after about 700 new container objects). When
+the restore still read confluent-kafka Messages (one such object each), 2,000 at a time spent a
+fifth of the benchmark's restore in collections, most of it in full ones over every object of
+the process (objects still held were promoted, and enough promotions trigger a full
+collection); 250 at a time, 3%, and 20% more records/s (docs/benchmarks/throughput.md). A
+small chunk also keeps the loop's lock, held through a read, short for its callers."""
 _CONSUME_SECONDS = 0.02
 """Longest a consume of the restore loop waits for records, holding the loop's lock: a caller
 (the instance's tick: follow, unfollow, read positions) waits for it. An activation makes a few
@@ -82,7 +83,8 @@ RestoredCallback = Callable[[TaskId, int], None]
 
 class RestoreConsumer:
     """The restore's own librdkafka consumer (`_changelog.open_consumer`), with the part of
-    confluent-kafka's Consumer API the restore uses. WIP: list_topics is not there."""
+    confluent-kafka's Consumer API the restore uses; `_changelog.read(consumer.handle, ...)`
+    consumes from it. Not confluent-kafka's Consumer: see docs/runtime.md, Restore."""
 
     def __init__(self, settings: dict[str, str]) -> None:
         self.handle = _changelog.open_consumer(settings)
