@@ -191,6 +191,8 @@ def test_the_last_header_of_a_name_counts(log: Log) -> None:
     ]
     found = records(log.read(log.append(messages)))[0]
     assert [entry[1] == "slow" for entry in found] == [False, True, False]
+    tombstone = Sent(key, None, [("smoothscale.writer", b"1.0.7"), ("smoothscale.supersedes", key)])
+    assert records(log.read(log.append([tombstone])))[0][0][1].supersedes is None
     assert found[0][1].writer == Writer(1, 0, 7)
     assert found[2][1].supersedes == key
 

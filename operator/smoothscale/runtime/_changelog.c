@@ -222,7 +222,8 @@ static int read_headers(const rd_kafka_headers_t *headers, Record *record) {
             supersedes_size = (Py_ssize_t)size;
         }
     }
-    record->supersedes = supersedes;
+    /* parse_record reads no supersedes on a tombstone */
+    record->supersedes = record->kind == TOMBSTONE ? NULL : supersedes;
     record->supersedes_length = supersedes_size;
     if (record->kind == TOMBSTONE) {
         if (!writer_seen || writer == NULL) {
