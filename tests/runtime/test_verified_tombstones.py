@@ -19,7 +19,7 @@ from smoothscale.runtime.changelog import (
     parse_record,
 )
 from smoothscale.runtime.config import WorkerConfig
-from smoothscale.runtime.instance import Instance
+from smoothscale.runtime.instance import TOMBSTONES_PER_BATCH, Instance
 from smoothscale.runtime.metrics import InstanceMetrics
 from smoothscale.runtime.store import StateChanges, TaskState
 from smoothscale.runtime.transactions import TaskProducer
@@ -96,6 +96,32 @@ def test_tombstones_follow_verified_batches_and_compaction_keeps_the_state(
             compacted = as_records(compact(as_log(log), cleaning_point, remove_tombstones))
             assert replay(compacted).visible() == state
     assert replay(log).visible() == state
+
+
+def test_reclaiming_keeps_pace_with_batches_that_change_many_keys(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    """Every batch changes twice TOMBSTONES_PER_BATCH keys: the compacted changelog keeps the
+    live records and the last batch's garbage (verified after it, reclaimed by the next batch),
+    not a share of every batch's."""
+    config = app_config(embedded_kafka, tmp_path)
+    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    operator.write("pod-a", Assignment(generation=1, tasks={0: active(1)}))
+    names = (f"user-{number}" for number in range(10 * TOMBSTONES_PER_BATCH))
+    users = [user for user in names if user_partition(user) == 0][: 2 * TOMBSTONES_PER_BATCH]
+    with running(for_instance(config, "pod-a")) as a:
+        until_active(a, {0: 1})
+        for _ in range(6):
+            produce_users(config, users)
+            assert feed(a, limit=len(users)) == len(users)
+        state = a.state_snapshot(0)
+    operator.close()
+
+    log = changelog(config, 0)
+    compacted = as_records(compact(as_log(log), log[-1][0] + 1, remove_tombstones=True))
+    assert replay(compacted).visible() == state
+    kept = [record for _offset, record in compacted if record.kind is RecordKind.DATA]
+    assert len(kept) <= 2 * len(users)
 
 
 def test_an_owner_that_finds_a_higher_writer_before_its_batch_is_fenced(

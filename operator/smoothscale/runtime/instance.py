@@ -95,7 +95,8 @@ TICK_LOCK_SECONDS = 0.5
 """How long a tick waits for the micro-batch in flight before trying again later."""
 
 TOMBSTONES_PER_BATCH = 100
-"""Most garbage records a batch reclaims (bounds the cost a batch pays for space)."""
+"""Garbage records a batch reclaims at most beyond one per key it changes: what drains a backlog
+of garbage (a restored state's, or one left by batches that changed more keys)."""
 
 GAP_READ_SECONDS = 5.0
 """Longest a batch reads changelog records others wrote between its own, to verify them."""
@@ -1028,29 +1029,37 @@ class Instance:
         return changed, outputs, bad
 
     def _tombstones(self, active: _Active, changing: set[str]) -> list[ChangelogRecord]:
-        """Tombstones for up to TOMBSTONES_PER_BATCH verified garbage records of the pipeline
-        store, and for the delete records whose key has no older record left (a delete's
-        successor is absence: it can go once nothing older can reappear)."""
+        """Tombstones for verified garbage records of the pipeline store, as many as the batch
+        changes keys plus TOMBSTONES_PER_BATCH, and for the delete records whose key has no
+        older record left (a delete's successor is absence: it can go once nothing older can
+        reappear).
+
+        A batch supersedes at most one record per key it changes, so reclaiming as many keeps
+        pace with the garbage the batches make, and the rest drains a backlog: the compacted
+        changelog stays about as long as the live state (plus one batch of garbage not
+        verified yet), however long the app runs."""
         store, state, writer = self.pipeline.store, active.state, active.writer
-        garbage = state.garbage(store, TOMBSTONES_PER_BATCH)
+        garbage = state.garbage(store, TOMBSTONES_PER_BATCH + len(changing))
         chosen = set(garbage)
         reclaim = [tombstone(writer, key) for key in garbage]
         # Superseded by batches not verified yet: not garbage yet, but not gone either.
         unverified = {key for _end, keys in active.unverified for key in keys}
-        deletes: set[bytes] = set()
+        candidates: dict[bytes, None] = {}
         for key in garbage:
             state_key = state_key_of(key)
-            if state_key is None or state_key in deletes or state_key.decode() in changing:
-                continue
-            [current] = state.record_keys(store, [state_key])
-            if current is None or state.get(store, state_key) is not None:
-                continue
+            if state_key is not None and state_key.decode() not in changing:
+                candidates[state_key] = None
+        keys = list(candidates)
+        current_records = state.record_keys(store, keys)
+        values = state.get_many(store, keys)
+        for state_key, current, value in zip(keys, current_records, values, strict=True):
+            if current is None or value is not None:
+                continue  # not a delete
             prefix = b"d:" + state_key + b"@"
             if any(pending.startswith(prefix) for pending in unverified):
                 continue  # the delete's own batch, or one before it, is not verified
             older = state.garbage(store, len(chosen) + 1, prefix)
             if set(older) <= chosen:
-                deletes.add(state_key)
                 reclaim.append(tombstone(writer, current))
         return reclaim
 
