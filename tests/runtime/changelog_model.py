@@ -25,7 +25,7 @@ from smoothscale.runtime.changelog import (
     state_key_of,
     tombstone,
 )
-from smoothscale.runtime.store import Entry, StateChanges
+from smoothscale.runtime.store import StateChanges, entry, record_key_of, value_of
 from smoothscale.runtime.writer import Writer
 
 STORE = "counts"
@@ -37,15 +37,16 @@ INPUT = "clicks"
 class View:
     """What a fold of a whole log from nothing gives, as an instance would hold it."""
 
-    entries: dict[bytes, Entry] = field(default_factory=dict)
+    entries: dict[bytes, bytes] = field(default_factory=dict)
+    """State key -> its entry (`entry`)."""
     garbage: set[bytes] = field(default_factory=set)
     input: dict[str, int] = field(default_factory=dict)
 
     def visible(self) -> dict[str, object]:
         return {
-            key.decode(): json.loads(entry.value)
-            for key, entry in self.entries.items()
-            if entry.value is not None
+            key.decode(): json.loads(value)
+            for key, kept in self.entries.items()
+            if (value := value_of(kept)) is not None
         }
 
 
@@ -137,7 +138,7 @@ class ProtocolModel:
         entries = dict(author.view.entries)
         for key, value in changes:
             old = entries.get(key.encode())
-            supersedes = None if old is None else old.record_key
+            supersedes = None if old is None else record_key_of(old)
             if value is None:
                 record = delete(author.writer, number, key, supersedes)
             else:
@@ -145,7 +146,7 @@ class ProtocolModel:
                 record = data(
                     author.writer, number, key, {"n": value, "c": self.counter}, supersedes
                 )
-            entries[key.encode()] = Entry(record.key, None if value is None else record.value)
+            entries[key.encode()] = entry(record.key, None if value is None else record.value)
             records.append(record)
         self.counter += 1
         position = {INPUT: self.counter}
@@ -171,7 +172,7 @@ class ProtocolModel:
                 author.view.garbage.discard(record.key)
                 author.inherited.discard(record.key)
                 deleted = state_key_of(record.key)
-                if deleted is not None and entries.get(deleted) == Entry(record.key, None):
+                if deleted is not None and entries.get(deleted) == entry(record.key, None):
                     del entries[deleted]
             elif record.supersedes is not None:
                 author.view.garbage.add(record.supersedes)
@@ -203,13 +204,13 @@ class ProtocolModel:
             key = state_key_of(record.key)
             if key is None or key in deletes:
                 continue
-            entry = author.view.entries.get(key)
+            kept = author.view.entries.get(key)
             prefix = b"d:" + key + b"@"
             if (
-                entry is not None
-                and entry.value is None
+                kept is not None
+                and value_of(kept) is None
                 and not any(g.startswith(prefix) for g in remaining)
             ):
                 deletes.add(key)
-                chosen.append(tombstone(author.writer, entry.record_key))
+                chosen.append(tombstone(author.writer, record_key_of(kept)))
         return chosen

@@ -19,7 +19,7 @@ from smoothscale.runtime.changelog import (
     parse_record,
     tombstone,
 )
-from smoothscale.runtime.store import TaskState
+from smoothscale.runtime.store import TaskState, value_of
 from smoothscale.runtime.writer import Writer
 
 STORE = "counts"
@@ -31,11 +31,11 @@ def restore(records: list[ChangelogRecord]) -> dict[str, object]:
     entries = outcome.changes.entries.get(STORE, {})
     return {
         "state": {
-            key.decode(): json.loads(entry.value)
+            key.decode(): json.loads(value)
             for key, entry in entries.items()
-            if entry is not None and entry.value is not None
+            if entry is not None and (value := value_of(entry)) is not None
         },
-        "deleted": sorted(k.decode() for k, e in entries.items() if e and e.value is None),
+        "deleted": sorted(k.decode() for k, e in entries.items() if e and value_of(e) is None),
         "garbage": outcome.changes.garbage.get(STORE, set()),
         "input": outcome.changes.input_positions,
         "writer": outcome.changes.writers.get(STORE),

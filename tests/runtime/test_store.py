@@ -3,8 +3,9 @@
 from pathlib import Path
 
 import pytest
+from rocksdict import Options, Rdict
 
-from smoothscale.runtime.store import StateChanges, TaskState
+from smoothscale.runtime.store import StateChanges, TaskState, task_directory
 from smoothscale.runtime.writer import Writer
 
 
@@ -67,3 +68,56 @@ def test_tasks_have_separate_stores(tmp_path: Path) -> None:
 def test_the_runtime_metadata_name_is_not_a_store_name(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="cannot be named"):
         TaskState(tmp_path, 0, ["smoothscale"])
+
+
+def test_values_and_record_keys_of_any_bytes_read_back_as_written(tmp_path: Path) -> None:
+    state = TaskState(tmp_path, 0, ["counts"])
+    try:
+        changes = StateChanges()
+        changes.put("counts", b"a", b"d:a@1.0.0.1", b"")
+        changes.put("counts", b"b", b"d:\x80\x00\x00\x01@1.0.0.1", b"\x80\x00\x00\x00x")
+        changes.delete("counts", b"c", b"d:c@1.0.0.1")
+        changes.put("counts", b"d", b"", b"4")
+        state.apply(changes)
+        keys = [b"a", b"b", b"c", b"d", b"e"]
+        assert state.get_many("counts", keys) == [b"", b"\x80\x00\x00\x00x", None, b"4", None]
+        assert state.record_keys("counts", keys) == [
+            b"d:a@1.0.0.1",
+            b"d:\x80\x00\x00\x01@1.0.0.1",
+            b"d:c@1.0.0.1",
+            b"",
+            None,
+        ]
+        assert list(state.items("counts")) == [
+            (b"a", b""),
+            (b"b", b"\x80\x00\x00\x00x"),
+            (b"d", b"4"),
+        ]
+        assert list(state.scan("counts", b"b")) == [(b"b", b"\x80\x00\x00\x00x")]
+        assert list(state.scan("counts", b"c")) == []
+    finally:
+        state.close()
+
+
+def test_a_store_of_the_format_with_a_record_key_family_is_restored_from_scratch(
+    tmp_path: Path,
+) -> None:
+    """Stores written before 2026-11-28 kept record keys in a column family of their own."""
+    path = task_directory(tmp_path, 0)
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    options.create_missing_column_families(True)
+    families = {
+        name: Options(raw_mode=True) for name in ("counts", "counts.records", "smoothscale")
+    }
+    old = Rdict(str(path), options, column_families=families)
+    old.get_column_family("counts")[b"alice"] = b"4"
+    old.get_column_family("smoothscale")[b"position/counts"] = b"10"
+    old.close()
+
+    state = TaskState(tmp_path, 0, ["counts"])
+    try:
+        assert state.positions() == {"counts": 0}
+        assert list(state.items("counts")) == []
+    finally:
+        state.close()

@@ -33,7 +33,7 @@ from enum import StrEnum
 from itertools import repeat
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
-from smoothscale.runtime.store import Entry, StateChanges
+from smoothscale.runtime.store import StateChanges, entry
 from smoothscale.runtime.writer import Writer
 
 if TYPE_CHECKING:
@@ -400,8 +400,7 @@ def fold_runs(
         superseded: set[bytes] = set()
         for run in pending:
             values = run.values if run.kind is _DATA else repeat(None, len(run.keys))
-            # Entries made by tuple.__new__ in C: the named tuple's __new__ is a Python call.
-            made = map(tuple.__new__, repeat(Entry), zip(run.keys, values, strict=True))
+            made = map(entry, run.keys, values)
             entries.update(zip(cast(list[bytes], run.state_keys), made, strict=True))
             superseded.update(key for key in run.supersedes if key is not None)
         collected = changes.collected.get(store)

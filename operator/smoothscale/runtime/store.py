@@ -1,9 +1,11 @@
 """Per-task state on local disk: one RocksDB database per task (via rocksdict).
 
-A task's database has, per state store, one column family with the live keys and their values
-(the bytes of the changelog record values) and one (`<store>.records`) with, per state key,
-the changelog record key that holds its current value, or its delete, which is kept (reading
-as absent) until that delete record itself is reclaimed. A `smoothscale` column family keeps
+A task's database has, per state store, one column family with one entry per state key: the
+changelog record key that holds its current value and that value (the bytes of the record's
+value), or the record key of its delete, which is kept (reading as absent) until that delete
+record itself is reclaimed. One entry, not one for the value and one for the record key: a
+restore and a batch write each key once (RocksDB's inserts were the largest part of a
+restore's time). A `smoothscale` column family keeps
 what the runtime needs beside them: per store the next changelog offset applied (the restore
 position), the highest writer seen and the batch it last closed, the garbage set (record keys
 superseded and not yet reclaimed by a tombstone), the task's input positions (the next
@@ -13,19 +15,28 @@ position that says so (docs/runtime.md; docs/decisions/state-store.md says why R
 """
 
 import json
+import logging
+import struct
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from rocksdict import Options, Rdict, WriteBatch
 
 from smoothscale.runtime.writer import Writer
 from smoothscale.tasks import TaskId
 
+log = logging.getLogger(__name__)
+
 _META = "smoothscale"
 _RECORDS = ".records"
+"""The end of the names of the column families of record keys that stores written before
+2026-11-28 had beside each store's (`_retired`); no store may be named so."""
+_ENTRY_HEAD = struct.Struct(">I")
+"""An entry starts with its record key's length; the top bit set: a delete (no value)."""
+_DELETED = 1 << 31
 _POSITION = "position/"
 _WRITER = "writer/"
 _CLOSED = "closed/"
@@ -35,20 +46,35 @@ _INPUT = "input/"
 _WRITTEN_AT = "written-at"
 
 
-class Entry(NamedTuple):
-    """A state key's current changelog record: its key, and the value (None: deleted). A
-    named tuple: a restore makes one per record it applies."""
+def entry(record_key: bytes, value: bytes | None) -> bytes:
+    """A state key's entry, as changes hold it and its store keeps it: the changelog record
+    key that holds its current value and that value (None: the record is a delete).
 
-    record_key: bytes
-    value: bytes | None
+    Bytes, not a tuple: a restore makes one per record it applies, and as many tuples kept
+    alive made Python's garbage collector more than half of the fold's time (measured)."""
+    if value is None:
+        return _ENTRY_HEAD.pack(len(record_key) | _DELETED) + record_key
+    return b"".join((_ENTRY_HEAD.pack(len(record_key)), record_key, value))
+
+
+def value_of(entry: bytes) -> bytes | None:
+    """An entry's value (None: a delete)."""
+    (head,) = _ENTRY_HEAD.unpack_from(entry)
+    return None if head & _DELETED else entry[_ENTRY_HEAD.size + head :]
+
+
+def record_key_of(entry: bytes) -> bytes:
+    """An entry's changelog record key."""
+    (head,) = _ENTRY_HEAD.unpack_from(entry)
+    return entry[_ENTRY_HEAD.size : _ENTRY_HEAD.size + (head & ~_DELETED)]
 
 
 @dataclass
 class StateChanges:
     """Changes to apply to a task's state at once."""
 
-    entries: dict[str, dict[bytes, Entry | None]] = field(default_factory=dict)
-    """Per store, state key -> its new entry, or None to forget the key entirely."""
+    entries: dict[str, dict[bytes, bytes | None]] = field(default_factory=dict)
+    """Per store, state key -> its new entry (`entry`), or None to forget the key entirely."""
     reclaimed: dict[str, dict[bytes, set[bytes]]] = field(default_factory=dict)
     """Per store, state key -> record keys reclaimed: forget the key if its stored entry is
     still one of those records."""
@@ -68,10 +94,10 @@ class StateChanges:
     """Per input topic, the next input offset to process."""
 
     def put(self, store: str, key: bytes, record_key: bytes, value: bytes) -> None:
-        self.entries.setdefault(store, {})[key] = Entry(record_key, value)
+        self.entries.setdefault(store, {})[key] = entry(record_key, value)
 
     def delete(self, store: str, key: bytes, record_key: bytes) -> None:
-        self.entries.setdefault(store, {})[key] = Entry(record_key, None)
+        self.entries.setdefault(store, {})[key] = entry(record_key, None)
 
     def supersede(self, store: str, record_key: bytes) -> None:
         collected = self.collected.get(store)
@@ -103,13 +129,22 @@ class StateChanges:
             if state_key is None:
                 continue
             if state_key in entries:
-                entry = entries[state_key]
-                if entry is not None and entry.record_key == record_key:
+                current = entries[state_key]
+                if current is not None and record_key_of(current) == record_key:
                     entries[state_key] = None
             else:
                 if reclaimed is None:
                     reclaimed = self.reclaimed.setdefault(store, {})
                 reclaimed.setdefault(state_key, set()).add(record_key)
+
+
+def _retired(path: Path) -> bool:
+    """Whether the database at `path` is in the format of before 2026-11-28 (a column family
+    of record keys per store): it is restored from scratch (stores are caches of the
+    changelog)."""
+    if not (path / "CURRENT").exists():
+        return False
+    return any(name.endswith(_RECORDS) for name in Rdict.list_cf(str(path), _options()))
 
 
 def _options() -> Options:
@@ -140,43 +175,50 @@ class TaskState:
                 )
         self.path = task_directory(state_dir, task)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        names = (*self.stores, *(store + _RECORDS for store in self.stores), _META)
+        if _retired(self.path):
+            log.info("task %d: the local store is in an older format: restoring it", task)
+            Rdict.destroy(str(self.path), _options())
+        names = (*self.stores, _META)
         families = {name: _options() for name in names}
         self._db = Rdict(str(self.path), _options(), column_families=families)
         self._families = {name: self._db.get_column_family(name) for name in families}
         self._handles = {name: self._db.get_column_family_handle(name) for name in families}
 
     def get(self, store: str, key: bytes) -> bytes | None:
-        value = self._families[store].get(key)
-        return value if isinstance(value, bytes) else None
+        entry = self._families[store].get(key)
+        return value_of(entry) if isinstance(entry, bytes) else None
 
     def get_many(self, store: str, keys: list[bytes]) -> list[bytes | None]:
-        return self._lookup(store, keys)
+        return [None if entry is None else value_of(entry) for entry in self._lookup(store, keys)]
 
     def record_keys(self, store: str, keys: list[bytes]) -> list[bytes | None]:
         """Per state key, the changelog record key of its current value or delete (None:
         the key has no record)."""
-        return self._lookup(store + _RECORDS, keys)
+        entries = self._lookup(store, keys)
+        return [None if entry is None else record_key_of(entry) for entry in entries]
 
-    def _lookup(self, family: str, keys: list[bytes]) -> list[bytes | None]:
+    def _lookup(self, store: str, keys: list[bytes]) -> list[bytes | None]:
         if not keys:
             return []
         lookup: list[str | int | float | bytes | bool] = list(keys)
-        values = self._families[family].get(lookup)
-        return [value if isinstance(value, bytes) else None for value in values or []]
+        entries = self._families[store].get(lookup)
+        return [entry if isinstance(entry, bytes) else None for entry in entries or []]
 
     def items(self, store: str) -> Iterator[tuple[bytes, bytes]]:
-        for key, value in self._families[store].items():
-            if isinstance(key, bytes) and isinstance(value, bytes):
-                yield key, value
+        for key, entry in self._families[store].items():
+            if isinstance(key, bytes) and isinstance(entry, bytes):
+                value = value_of(entry)
+                if value is not None:
+                    yield key, value
 
     def scan(self, store: str, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """The live keys of `store` that start with `prefix`, with their values, in key order
         (a range read: the processor state's timers, TTL deadlines and map entries)."""
-        for key, value in self._families[store].items(from_key=prefix):
+        for key, entry in self._families[store].items(from_key=prefix):
             if not isinstance(key, bytes) or not key.startswith(prefix):
                 break
-            if isinstance(value, bytes):
+            value = value_of(entry) if isinstance(entry, bytes) else None
+            if value is not None:
                 yield key, value
 
     def _meta(self, key: str) -> bytes | None:
@@ -255,21 +297,14 @@ class TaskState:
             for key, current in zip(keys, self.record_keys(store, keys), strict=True):
                 if current in reclaimed[key]:
                     batch.delete(key, self._handles[store])
-                    batch.delete(key, self._handles[store + _RECORDS])
         put, delete = batch.put, batch.delete
         for store, entries in changes.entries.items():
-            values, records = self._handles[store], self._handles[store + _RECORDS]
-            for key, entry in entries.items():
-                if entry is None:
-                    delete(key, values)
-                    delete(key, records)
-                    continue
-                record_key, value = entry
-                put(key, record_key, records)
-                if value is None:
-                    delete(key, values)
+            family = self._handles[store]
+            for key, new in entries.items():
+                if new is None:
+                    delete(key, family)
                 else:
-                    put(key, value, values)
+                    put(key, new, family)
         for store, record_keys in changes.garbage.items():
             garbage = (_GARBAGE + store + "/").encode()
             for record_key in record_keys:
