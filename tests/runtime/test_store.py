@@ -1,11 +1,22 @@
 """The per-task RocksDB store: atomic batches, metadata, and surviving a reopen."""
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from rocksdict import Options, Rdict
 
-from smoothscale.runtime.store import StateChanges, TaskState, task_directory
+from smoothscale.runtime._changelog import entries, forget_reclaimed
+from smoothscale.runtime.store import (
+    StateChanges,
+    TaskState,
+    entry,
+    record_key_of,
+    task_directory,
+    value_of,
+)
 from smoothscale.runtime.writer import Writer
 
 
@@ -121,3 +132,46 @@ def test_a_store_of_the_format_with_a_record_key_family_is_restored_from_scratch
         assert list(state.items("counts")) == []
     finally:
         state.close()
+
+
+RECORD_KEYS = st.sampled_from([b"", b"d:a@1.0.0.1", b"d:a@1.0.0.12", b"d:b@1.0.0.1", b"\x80"])
+
+
+@given(st.lists(st.tuples(RECORD_KEYS | st.binary(max_size=12), st.binary(max_size=12))))
+def test_the_entries_a_restore_makes_in_c_are_the_stores_entries(records: list[Any]) -> None:
+    keys, values = [key for key, _ in records], [value for _, value in records]
+    made = [entry(key, value) for key, value in records]
+    assert entries(keys, values) == made
+    assert entries(keys, None) == [entry(key, None) for key in keys]
+    assert [(record_key_of(e), value_of(e)) for e in made] == records
+
+
+# Few of each, so that tombstones often meet entries, of their record or of one it begins.
+NEAR_RECORD_KEYS = st.sampled_from([b"d:a@1.0.0.1", b"d:a@1.0.0.12", b"d:a@1.0.0.2"])
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from([b"a", b"b"]),
+        st.none() | st.builds(entry, NEAR_RECORD_KEYS, st.none() | st.binary(max_size=4)),
+    ),
+    st.lists(st.tuples(NEAR_RECORD_KEYS, st.none() | st.sampled_from([b"a", b"b", b"c"]))),
+)
+def test_tombstones_forget_in_c_the_entries_of_their_records(
+    changed: dict[bytes, bytes | None], tombstones: list[tuple[bytes, bytes | None]]
+) -> None:
+    """forget_reclaimed against its definition: a key whose entry is still the tombstoned
+    record is forgotten (None); a key the changes do not hold is left to the stored entry."""
+    expected, elsewhere = dict(changed), []
+    for index, (record_key, state_key) in enumerate(tombstones):
+        if state_key is None:
+            continue
+        if state_key not in expected:
+            elsewhere.append(index)
+            continue
+        current = expected[state_key]
+        if current is not None and record_key_of(current) == record_key:
+            expected[state_key] = None
+    keys, state_keys = [key for key, _ in tombstones], [key for _, key in tombstones]
+    assert forget_reclaimed(changed, keys, state_keys) == elsewhere
+    assert changed == expected

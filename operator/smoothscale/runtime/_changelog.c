@@ -1,5 +1,5 @@
 /* The restore's per-record work in C: its own librdkafka consumer, reading changelog records
- * into runs.
+ * into runs, and the fold's work on the store's entries (entries, forget_reclaimed: below).
  *
  * smoothscale.runtime.changelog defines the record format (parse_record) and the rule that
  * restores a state from it (fold_runs); this module only makes reading it cheap, as CPython's
@@ -731,6 +731,117 @@ static PyObject *read_runs(PyObject *module, PyObject *args) {
     return Py_BuildValue("(nN)", (Py_ssize_t)consumed, items);
 }
 
+/* The fold's per-record work on the store's entries (smoothscale.runtime.store.entry defines
+ * them): a record key's length (4 bytes, big-endian; the top bit set for a delete), the record
+ * key, and the value. */
+#define DELETED 0x80000000u
+
+static PyObject *entry_of(PyObject *record_key, PyObject *value) {
+    if (!PyBytes_Check(record_key) || (value != Py_None && !PyBytes_Check(value))) {
+        PyErr_SetString(PyExc_TypeError, "an entry's record key and value are bytes");
+        return NULL;
+    }
+    Py_ssize_t key_length = PyBytes_GET_SIZE(record_key);
+    Py_ssize_t value_length = value == Py_None ? 0 : PyBytes_GET_SIZE(value);
+    if (key_length >= (Py_ssize_t)DELETED) {
+        PyErr_SetString(PyExc_ValueError, "a record key of 2 GiB or more");
+        return NULL;
+    }
+    PyObject *made = PyBytes_FromStringAndSize(NULL, 4 + key_length + value_length);
+    if (made == NULL) {
+        return NULL;
+    }
+    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(made);
+    uint32_t head = (uint32_t)key_length | (value == Py_None ? DELETED : 0);
+    out[0] = (unsigned char)(head >> 24);
+    out[1] = (unsigned char)(head >> 16);
+    out[2] = (unsigned char)(head >> 8);
+    out[3] = (unsigned char)head;
+    memcpy(out + 4, PyBytes_AS_STRING(record_key), (size_t)key_length);
+    if (value_length > 0) {
+        memcpy(out + 4 + key_length, PyBytes_AS_STRING(value), (size_t)value_length);
+    }
+    return made;
+}
+
+static PyObject *entries(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *keys, *values;
+    if (!PyArg_ParseTuple(args, "O!O:entries", &PyList_Type, &keys, &values)) {
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(keys);
+    if (values != Py_None && (!PyList_Check(values) || PyList_GET_SIZE(values) != count)) {
+        PyErr_SetString(PyExc_TypeError, "entries() takes a list of values as long as the keys");
+        return NULL;
+    }
+    PyObject *made = PyList_New(count);
+    for (Py_ssize_t i = 0; made != NULL && i < count; i++) {
+        PyObject *value = values == Py_None ? Py_None : PyList_GET_ITEM(values, i);
+        PyObject *entry = entry_of(PyList_GET_ITEM(keys, i), value);
+        if (entry == NULL) {
+            Py_CLEAR(made);
+        } else {
+            PyList_SET_ITEM(made, i, entry);
+        }
+    }
+    return made;
+}
+
+/* Whether `entry` (bytes) is one of the record `record_key` (bytes). */
+static int entry_is_of(PyObject *entry, PyObject *record_key) {
+    Py_ssize_t size = PyBytes_GET_SIZE(entry), key_length = PyBytes_GET_SIZE(record_key);
+    if (size < 4) {
+        return 0;
+    }
+    const unsigned char *in = (const unsigned char *)PyBytes_AS_STRING(entry);
+    uint32_t head = ((uint32_t)in[0] << 24) | ((uint32_t)in[1] << 16) | ((uint32_t)in[2] << 8) |
+                    (uint32_t)in[3];
+    Py_ssize_t length = (Py_ssize_t)(head & ~DELETED);
+    return length == key_length && size >= 4 + length &&
+           memcmp(in + 4, PyBytes_AS_STRING(record_key), (size_t)length) == 0;
+}
+
+static PyObject *forget_reclaimed(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *changed, *keys, *state_keys;
+    if (!PyArg_ParseTuple(args, "O!O!O!:forget_reclaimed", &PyDict_Type, &changed, &PyList_Type,
+                          &keys, &PyList_Type, &state_keys)) {
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(keys);
+    if (PyList_GET_SIZE(state_keys) != count) {
+        PyErr_SetString(PyExc_ValueError, "forget_reclaimed() takes a state key per record key");
+        return NULL;
+    }
+    PyObject *elsewhere = PyList_New(0);
+    for (Py_ssize_t i = 0; elsewhere != NULL && i < count; i++) {
+        PyObject *state_key = PyList_GET_ITEM(state_keys, i);
+        if (state_key == Py_None) {
+            continue;
+        }
+        PyObject *current = PyDict_GetItemWithError(changed, state_key); /* borrowed */
+        if (current == NULL) {
+            if (PyErr_Occurred() || append_new(elsewhere, PyLong_FromSsize_t(i)) < 0) {
+                Py_CLEAR(elsewhere);
+            }
+            continue;
+        }
+        PyObject *record_key = PyList_GET_ITEM(keys, i);
+        if (current == Py_None) {
+            continue;
+        }
+        if (!PyBytes_Check(current) || !PyBytes_Check(record_key)) {
+            PyErr_SetString(PyExc_TypeError, "entries and record keys are bytes");
+            Py_CLEAR(elsewhere);
+        } else if (entry_is_of(current, record_key) &&
+                   PyDict_SetItem(changed, state_key, Py_None) < 0) {
+            Py_CLEAR(elsewhere);
+        }
+    }
+    return elsewhere;
+}
+
 static PyMethodDef methods[] = {
     {"open_consumer", open_consumer, METH_O, "open_consumer(settings) -> the restore's consumer"},
     {"assign", assign, METH_VARARGS, "assign(consumer, [(topic, partition, offset)], add)"},
@@ -746,13 +857,21 @@ static PyMethodDef methods[] = {
      "read(consumer, count, timeout) -> (messages consumed, items): consume up to `count` "
      "changelog messages, waiting at most `timeout` seconds, and read them into runs (see the "
      "module's documentation)."},
+    {"entries", entries, METH_VARARGS,
+     "entries(record_keys, values) -> the store's entries of these records (values None: of "
+     "deletes), as smoothscale.runtime.store.entry makes them."},
+    {"forget_reclaimed", forget_reclaimed, METH_VARARGS,
+     "forget_reclaimed(entries, record_keys, state_keys) -> indexes: the tombstones of "
+     "record_keys (each of state_keys, None for no state key) set to None the keys of `entries` "
+     "(state key -> entry or None) whose entry is still that record; returns the indexes of "
+     "the records whose state key `entries` does not hold."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_changelog",
-    "The restore's per-record work in C: consuming changelog records and splitting them into "
-    "runs.",
+    "The restore's per-record work in C: consuming changelog records, splitting them into "
+    "runs, and making and reclaiming the store's entries.",
     -1, methods, NULL, NULL, NULL, NULL,
 };
 

@@ -30,10 +30,10 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from itertools import repeat
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
-from smoothscale.runtime.store import StateChanges, entry
+from smoothscale.runtime._changelog import entries as run_entries
+from smoothscale.runtime.store import StateChanges
 from smoothscale.runtime.writer import Writer
 
 if TYPE_CHECKING:
@@ -397,16 +397,19 @@ def fold_runs(
         """Apply the pending batch: each data record sets its key, each delete keeps a
         deleted entry, and every record key they supersede is garbage."""
         nonlocal closed
-        superseded: set[bytes] = set()
+        superseded: set[bytes | None] = set()
         for run in pending:
-            values = run.values if run.kind is _DATA else repeat(None, len(run.keys))
-            made = map(entry, run.keys, values)
+            # The store's entries (`store.entry`), made in C: one bytes object a record.
+            values = cast(list[bytes], run.values) if run.kind is _DATA else None
+            made = run_entries(run.keys, values)
             entries.update(zip(cast(list[bytes], run.state_keys), made, strict=True))
-            superseded.update(key for key in run.supersedes if key is not None)
+            superseded.update(run.supersedes)
+        superseded.discard(None)  # of records that supersede nothing
+        reclaimable = cast(set[bytes], superseded)
         collected = changes.collected.get(store)
         if collected:
-            collected -= superseded
-        garbage.update(superseded)
+            collected -= reclaimable
+        garbage.update(reclaimable)
         closed = _open_batch(pending)
         pending.clear()
 

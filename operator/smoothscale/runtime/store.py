@@ -21,10 +21,11 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rocksdict import Options, Rdict, WriteBatch
 
+from smoothscale.runtime._changelog import forget_reclaimed
 from smoothscale.runtime.writer import Writer
 from smoothscale.tasks import TaskId
 
@@ -120,22 +121,15 @@ class StateChanges:
         if garbage:
             reclaimed_here = garbage.intersection(record_keys)
             garbage.difference_update(reclaimed_here)
-            collected.update(key for key in record_keys if key not in reclaimed_here)
+            collected.update(record_keys)  # (a key in the garbage set is not in collected)
+            collected.difference_update(reclaimed_here)
         else:
             collected.update(record_keys)
-        entries = self.entries.setdefault(store, {})
-        reclaimed: dict[bytes, set[bytes]] | None = None
-        for record_key, state_key in zip(record_keys, state_keys, strict=True):
-            if state_key is None:
-                continue
-            if state_key in entries:
-                current = entries[state_key]
-                if current is not None and record_key_of(current) == record_key:
-                    entries[state_key] = None
-            else:
-                if reclaimed is None:
-                    reclaimed = self.reclaimed.setdefault(store, {})
-                reclaimed.setdefault(state_key, set()).add(record_key)
+        elsewhere = forget_reclaimed(self.entries.setdefault(store, {}), record_keys, state_keys)
+        if elsewhere:  # state keys these changes do not hold: the stored entry decides
+            reclaimed = self.reclaimed.setdefault(store, {})
+            for index in elsewhere:
+                reclaimed.setdefault(cast(bytes, state_keys[index]), set()).add(record_keys[index])
 
 
 def _retired(path: Path) -> bool:
