@@ -4,8 +4,8 @@ A task's database has, per state store, one column family with one entry per sta
 changelog record key that holds its current value and that value (the bytes of the record's
 value), or the record key of its delete, which is kept (reading as absent) until that delete
 record itself is reclaimed. One entry, not one for the value and one for the record key: a
-restore and a batch write each key once (RocksDB's inserts were the largest part of a
-restore's time). A `smoothscale` column family keeps
+restore and a batch insert each key once (docs/decisions/state-store.md). A `smoothscale`
+column family keeps
 what the runtime needs beside them: per store the next changelog offset applied (the restore
 position), the highest writer seen and the batch it last closed, the garbage set (record keys
 superseded and not yet reclaimed by a tombstone), the task's input positions (the next
