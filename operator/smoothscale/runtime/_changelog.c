@@ -594,6 +594,11 @@ static PyObject *positions(PyObject *module, PyObject *args) {
     return found;
 }
 
+/* A timeout in seconds as librdkafka takes it: milliseconds, -1 for none. */
+static int milliseconds(double timeout) {
+    return timeout < 0 ? -1 : (int)(timeout * 1000);
+}
+
 static PyObject *cached_watermarks(PyObject *module, PyObject *args) {
     (void)module;
     PyObject *consumer;
@@ -627,8 +632,7 @@ static PyObject *query_watermarks(PyObject *module, PyObject *args) {
     int64_t low = -1001, high = -1001;
     int error;
     Py_BEGIN_ALLOW_THREADS
-    error = rdk.query_watermark_offsets(rk, topic, partition, &low, &high,
-                                        timeout < 0 ? -1 : (int)(timeout * 1000));
+    error = rdk.query_watermark_offsets(rk, topic, partition, &low, &high, milliseconds(timeout));
     Py_END_ALLOW_THREADS
     return Py_BuildValue("(iLL)", error, (long long)low, (long long)high);
 }
@@ -653,7 +657,7 @@ static PyObject *refresh_metadata(PyObject *module, PyObject *args) {
     const void *metadata = NULL;
     int error;
     Py_BEGIN_ALLOW_THREADS
-    error = rdk.metadata(rk, 0, handle, &metadata, timeout < 0 ? -1 : (int)(timeout * 1000));
+    error = rdk.metadata(rk, 0, handle, &metadata, milliseconds(timeout));
     Py_END_ALLOW_THREADS
     if (metadata != NULL) {
         rdk.metadata_destroy(metadata);
@@ -702,7 +706,7 @@ static PyObject *read_runs(PyObject *module, PyObject *args) {
     rd_kafka_queue_t *queue = rdk.queue_get_consumer(rk);
     ssize_t consumed = -1;
     if (queue != NULL) {
-        int timeout_ms = timeout < 0 ? -1 : (int)(timeout * 1000);
+        int timeout_ms = milliseconds(timeout);
         Py_BEGIN_ALLOW_THREADS
         consumed = rdk.consume_batch_queue(queue, timeout_ms, messages, (size_t)count);
         Py_END_ALLOW_THREADS
