@@ -62,6 +62,11 @@ RUN pip install --no-index --no-deps /tmp/wheels/*.whl \
     && pip check \
     && smoothscale --version
 
+# The Spark driver's class-data archive (/usr/local/share/smoothscale/spark-classes.jsa, about
+# 160 MB): a short Spark workload's JVM writes the classes it loaded, and every instance's
+# driver starts on them, on about half the CPU (docs/runtime.md, The driver JVM).
+RUN smoothscale spark-classes
+
 # Pipelines are Python modules imported by `module:callable` (StreamingApp spec.pipeline.ref)
 # from /app: an app's image is this one plus its pipeline package copied there. The examples'
 # pipelines come with it, so examples/streamingapp.yaml runs on this image as it is.

@@ -178,6 +178,19 @@ def test_java_17_runtime_is_installed_and_java_home_points_at_it() -> None:
     assert f'/usr/lib/jvm/java-17-openjdk-$(dpkg --print-architecture)" {java_home}' in commands
 
 
+def test_the_drivers_class_archive_is_written_where_drivers_look_after_java_and_spark() -> None:
+    stage = final_stage()
+    order = [(i.keyword, i.arguments) for i in stage]
+    archive = order.index(("RUN", "smoothscale spark-classes"))
+    installed = next(n for n, (k, a) in enumerate(order) if k == "RUN" and "pip install" in a)
+    java = next(n for n, (k, a) in enumerate(order) if k == "ENV" and "JAVA_HOME" in a)
+    user = next(n for n, (k, _a) in enumerate(order) if k == "USER")
+    # Written as root into the image's prefix (/usr/local/share/smoothscale), where the
+    # drivers' `class_archive()` looks: after Java and the package, before the user switch.
+    assert java < archive
+    assert installed < archive < user
+
+
 def test_python_packages_come_only_from_the_lock_and_the_package() -> None:
     build, final = stages()[-2], final_stage()
     build_commands, final_commands = run_commands(build), run_commands(final)
