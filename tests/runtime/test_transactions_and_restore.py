@@ -284,5 +284,39 @@ def test_a_stopped_restore_loop_leaves_what_it_restored_in_the_store(config: Wor
         state.close()
 
 
+def test_a_task_behind_is_written_to_its_store_once_read_to_the_changelog_end(
+    config: WorkerConfig,
+) -> None:
+    """The restore folds a task's changelog until it has read to the end its fetches saw, and
+    writes it then: alice, changed in every batch, reaches the store once, at its last value."""
+    owner = TaskProducer(config, task=0, epoch=1)
+    try:
+        for n in range(1, 11):
+            end = owner.commit(batch(A, n, {"alice": n}, n))[STORE]
+    finally:
+        owner.close()
+    applier = restore._Applier(config.changelog_topics())
+    consumer = restore.RestoreConsumer(restore.restore_settings(config))
+    state = TaskState(config.state_dir / "warm-up", 0, [STORE])
+    states = {0: state}
+    try:
+        consumer.assign(applier.partitions(state))
+        read: list[int] = []
+        while not read or applier.read_to(state)[STORE] < end:
+            _consumed, items = restore.read(consumer.handle, 3, 1.0)
+            applier.apply(consumer, items, states)
+            applier.write_caught_up(consumer, states)
+            read.append(applier.read_to(state)[STORE])
+            if applier.read_to(state)[STORE] < end:
+                assert state.position(STORE) == 0, f"written while behind, at {read}"
+        assert len(read) > 1, "read in several chunks"
+        assert state.position(STORE) >= end
+        assert state.snapshot(STORE) == {"alice": 10}
+        assert state.input_positions() == {"clicks": 10}
+    finally:
+        consumer.close()
+        state.close()
+
+
 def test_transactional_ids_are_per_task() -> None:
     assert names.transactional_id("shop.counter", 3) == "shop.counter-task-3"

@@ -230,6 +230,24 @@ class _Applier:
             if changes is not None:
                 states[each].apply(changes)
 
+    def write_caught_up(
+        self, consumer: RestoreConsumer, states: Mapping[TaskId, TaskState]
+    ) -> None:
+        """Write the unwritten changes of the tasks read to the changelog end the consumer last
+        saw (cached from its fetches; an unknown end counts as reached). A task still behind
+        keeps folding: a key its changelog updates again before the end reaches RocksDB once,
+        not once per pause in the fetches (`apply` writes when the changes grow too large)."""
+        for task in list(self._unwritten):
+            state = states[task]
+            read = self.read_to(state)
+            for store in state.stores:
+                partition = TopicPartition(self._topic_of[store], task)
+                _low, high = consumer.get_watermark_offsets(partition, cached=True)
+                if read[store] < high:
+                    break
+            else:
+                self.write(states, task)
+
     def check_retention(self, consumer: RestoreConsumer, state: TaskState, timeout: float) -> None:
         """Fail `state`'s task if retention deleted changelog records it still needs."""
         for store in state.stores:
@@ -439,7 +457,7 @@ def catch_up(
                 raise ChangelogUnusableError(applier.failures[state.task])
             applier.advance_idle(consumer, states)
             if drained:
-                applier.write(states)
+                applier.write_caught_up(consumer, states)
             if on_restored is not None and counts:
                 on_restored(state.task, counts.get(state.task, 0))
         applier.write(states)
@@ -592,7 +610,7 @@ class RestoreLoop:
                         counts = self._applier.apply(self._consumer, items, self._states)
                         self._applier.advance_idle(self._consumer, self._states)
                         if drained:  # read all there was for now: written while it waits
-                            self._applier.write(self._states)
+                            self._applier.write_caught_up(self._consumer, self._states)
                 if idle:
                     self._followed.wait(_IDLE_SECONDS)
                 elif self._on_restored is not None:
