@@ -13,8 +13,8 @@ REPOSITORY = Path(__file__).resolve().parent.parent
 
 
 SPARK_GROUP = "spark"
-"""The xdist group of every test that starts Spark drivers: one worker runs them one after the
-other, beside the rest (scripts/test)."""
+"""The xdist group of the Spark scenarios (slow tests that start Spark drivers): one worker runs
+them one after the other, beside the rest (scripts/test)."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
@@ -25,10 +25,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     declares: a longer timeout of its own first, then Spark scenarios, then other slow ones,
     each group in collection order.
 
-    Every Spark test goes to one xdist group, so they run one at a time: starting Spark drivers
-    is what keeps the machine's two cores busy (two Spark scenarios side by side each took
-    twice as long as alone), while most other scenarios wait on pods and polls. Measured in
-    the gate of 2026-11-28: the first 20 minutes had no idle CPU, the last 9 minutes 90%."""
+    The Spark scenarios (slow, with Spark pods or worker processes) go to one xdist group, so
+    they run one at a time: they are what keeps the machine's two cores busy (two side by side
+    each took about twice as long as alone), while most other scenarios wait on pods and polls.
+    Measured in the gate of 2026-11-28: the first 20 minutes had no idle CPU, the last 9
+    minutes 90%. The light Spark tests (one in-process session a module) stay out of it: in
+    the group they made it the gate's longest path."""
 
     def length(item: pytest.Item) -> tuple[bool, float, bool]:
         timeout = item.get_closest_marker("timeout")
@@ -39,7 +41,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     items.sort(key=length)
     for item in items:
-        if item.get_closest_marker("spark") is not None:
+        if item.get_closest_marker("spark") and item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
 
 
