@@ -29,8 +29,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     they run one at a time: they are what keeps the machine's two cores busy (two side by side
     each took about twice as long as alone), while most other scenarios wait on pods and polls.
     Measured in the gate of 2026-11-28: the first 20 minutes had no idle CPU, the last 9
-    minutes 90%. The light Spark tests (one in-process session a module) stay out of it: in
-    the group they made it the gate's longest path."""
+    minutes 90%. The light Spark tests (one in-process session a module) stay out of it, and
+    run on whichever worker is free."""
 
     def length(item: pytest.Item) -> tuple[bool, float, bool]:
         timeout = item.get_closest_marker("timeout")
