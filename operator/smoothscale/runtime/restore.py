@@ -240,13 +240,19 @@ class _Applier:
         for task in list(self._unwritten):
             state = states[task]
             read = self.read_to(state)
-            for store in state.stores:
-                partition = TopicPartition(self._topic_of[store], task)
-                _low, high = consumer.get_watermark_offsets(partition, cached=True)
-                if read[store] < high:
-                    break
-            else:
+            if all(read[store] >= end for store, end in self.cached_ends(consumer, state).items()):
                 self.write(states, task)
+
+    def cached_ends(self, consumer: RestoreConsumer, state: TaskState) -> dict[str, int]:
+        """Per store, the end of the task's changelog partition as the consumer's last fetch
+        response carried it (no request); a store whose end is not known yet is left out."""
+        ends: dict[str, int] = {}
+        for store in state.stores:
+            partition = TopicPartition(self._topic_of[store], state.task)
+            _low, high = consumer.get_watermark_offsets(partition, cached=True)
+            if high >= 0:
+                ends[store] = high
+        return ends
 
     def check_retention(self, consumer: RestoreConsumer, state: TaskState, timeout: float) -> None:
         """Fail `state`'s task if retention deleted changelog records it still needs."""
@@ -279,9 +285,6 @@ class _Applier:
                 log.error("%s", error)
                 self.failures[state.task] = error
                 return
-
-    def topic_of(self, store: str) -> str:
-        return self._topic_of[store]
 
     def forget(self, task: TaskId) -> None:
         """Drop what is kept about `task` (its unwritten changes too: `write` them first)."""
@@ -534,16 +537,11 @@ class RestoreLoop:
         consumer last saw (cached from fetch responses, no request), taken together: ends -
         positions is one consistent view of the lag. An unknown end is left out."""
         with self._held():
-            found: dict[TaskId, tuple[dict[str, int], dict[str, int]]] = {}
-            for task, state in self._states.items():
-                ends: dict[str, int] = {}
-                for store in state.stores:
-                    partition = TopicPartition(self._applier.topic_of(store), task)
-                    _low, high = self._consumer.get_watermark_offsets(partition, cached=True)
-                    if high >= 0:
-                        ends[store] = high
-                found[task] = (self._applier.positions(state), ends)
-            return found
+            applier, consumer = self._applier, self._consumer
+            return {
+                task: (applier.positions(state), applier.cached_ends(consumer, state))
+                for task, state in self._states.items()
+            }
 
     def read_positions(self) -> dict[TaskId, dict[str, int]]:
         """Per followed task, how far the changelog has been read, per store (ahead of the
@@ -569,13 +567,9 @@ class RestoreLoop:
         with self._held():
             lags: dict[TaskId, int] = {}
             for task, state in self._states.items():
-                lag = 0
-                for partition in self._applier.partitions(state):
-                    _low, high = self._consumer.get_watermark_offsets(
-                        TopicPartition(partition.topic, partition.partition), cached=True
-                    )
-                    lag += max(0, high - partition.offset) if high >= 0 else 0
-                lags[task] = lag
+                positions = self._applier.positions(state)
+                ends = self._applier.cached_ends(self._consumer, state)
+                lags[task] = sum(max(0, end - positions[store]) for store, end in ends.items())
             return lags
 
     @contextmanager

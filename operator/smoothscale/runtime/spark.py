@@ -123,7 +123,6 @@ def write_class_archive(path: Path, timeout: float = 900) -> None:
         # Its warnings name every class it cannot archive (signed jars, old class files).
         DRIVER_JAVA_OPTIONS_ENV: f'{flags} "-XX:ArchiveClassesAtExit={partial}" -Xlog:cds=off',
     }
-    environment.pop(CLASS_ARCHIVE_ENV, None)
     command = [sys.executable, "-c", f"import {__name__} as spark; spark._exercise()"]
     try:
         done = subprocess.run(
