@@ -12,7 +12,7 @@ from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.restore import RestoreLoop
 from smoothscale.runtime.store import TaskState
 
-CHECK_SECONDS = 0.05
+CHECK_SECONDS = 0.005
 """How often the restore's errors (and, should no callback see the end, its read positions) are
 looked at."""
 

@@ -14,19 +14,19 @@ from dataclasses import dataclass, field
 
 from smoothscale.runtime.changelog import (
     ChangelogRecord,
-    Cursor,
+    Fold,
     Positioned,
     RecordKind,
     closer,
     data,
     delete,
-    fold,
     marker,
     state_key_of,
     tombstone,
 )
 from smoothscale.runtime.store import StateChanges, entry, record_key_of, value_of
 from smoothscale.runtime.writer import Writer
+from tests.runtime.folding import fold
 
 STORE = "counts"
 KEYS = ["alice", "bob", "carol", "dave"]
@@ -52,7 +52,7 @@ class View:
 
 def replay(records: list[Positioned]) -> View:
     """The view a restore from scratch of `records` gives."""
-    outcome = fold(STORE, records, Cursor(), records[-1][0] + 1 if records else 0)
+    outcome = fold(STORE, records, Fold(), records[-1][0] + 1 if records else 0)
     return view_of(outcome.changes)
 
 
@@ -107,8 +107,8 @@ class ProtocolModel:
         else:
             writer = Writer(top.writer.epoch + 1, top.writer.session + 1, nonce)
         while any(other.writer == writer for other in self.writers):
-            # Random 63-bit nonces do not collide; drawn ones may.
-            writer = Writer(writer.epoch, writer.session, writer.nonce + 1)
+            # Random 63-bit nonces do not collide; drawn ones may (and stay 63-bit here).
+            writer = Writer(writer.epoch, writer.session, (writer.nonce + 1) % 2**63)
         if top is not None and not old_keeps_running:
             top.alive = False
         records = [marker(writer, "pod")]

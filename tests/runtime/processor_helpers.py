@@ -2,7 +2,7 @@
 
 `ProcessorTask` keeps a task's store and its changelog as a list of records: each batch's
 state changes are written as the instance writes them (data and delete records superseding the
-key's previous record, then the closer) and applied to the store by `changelog.fold`, the rule
+key's previous record, then the closer) and applied to the store by `changelog.Fold`, the rule
 restore uses; the superseded records are tombstoned. `handed_over` builds another owner's store
 from that log (optionally compacted first), at a higher epoch: a hand-over.
 """
@@ -15,12 +15,11 @@ import pandas as pd
 
 from smoothscale.runtime.changelog import (
     ChangelogRecord,
-    Cursor,
+    Fold,
     Positioned,
     closer,
     data,
     delete,
-    fold,
     marker,
     tombstone,
 )
@@ -34,6 +33,7 @@ from smoothscale.runtime.processor import (
 from smoothscale.runtime.store import TaskState
 from smoothscale.runtime.writer import Writer
 from tests.runtime.compaction import as_log, as_records, compact
+from tests.runtime.folding import fold
 
 INPUT = "events"
 
@@ -61,7 +61,7 @@ class ProcessorTask:
         self.store = pipeline.store
         self.state = TaskState(directory, 0, [self.store])
         self.log: list[Positioned] = list(log or [])
-        self.cursor = Cursor()
+        self.cursor = Fold()
         self._restore(self.log)
         self.writer = Writer(epoch, 1, 0)
         self.batch = 0

@@ -9,25 +9,27 @@ import pytest
 from smoothscale.runtime.changelog import (
     ChangelogFormatError,
     ChangelogRecord,
-    Cursor,
+    Fold,
+    add_record,
     changes,
     closer,
     data,
     delete,
-    fold,
     marker,
     parse_record,
+    resume,
     tombstone,
 )
 from smoothscale.runtime.store import TaskState, value_of
 from smoothscale.runtime.writer import Writer
+from tests.runtime.folding import fold
 
 STORE = "counts"
 A, B = Writer(1, 0, 7), Writer(2, 1, 3)
 
 
 def restore(records: list[ChangelogRecord]) -> dict[str, object]:
-    outcome = fold(STORE, list(enumerate(records)), Cursor(), next_position=len(records))
+    outcome = fold(STORE, list(enumerate(records)), Fold(), next_position=len(records))
     entries = outcome.changes.entries.get(STORE, {})
     return {
         "state": {
@@ -40,7 +42,7 @@ def restore(records: list[ChangelogRecord]) -> dict[str, object]:
         "input": outcome.changes.input_positions,
         "writer": outcome.changes.writers.get(STORE),
         "position": outcome.changes.positions[STORE],
-        "pending": [offset for run in outcome.cursor.pending for offset in run.offsets],
+        "pending": outcome.cursor.pending,
         "skipped": outcome.skipped,
     }
 
@@ -167,6 +169,25 @@ def test_an_unclosed_batch_waits_and_keeps_the_position_before_it() -> None:
     assert restored["position"] == 2, "a restart must read the open batch again"
 
 
+def test_a_tombstone_drops_the_pending_record_it_reclaims_and_only_that() -> None:
+    """On a compacted log a record of the open batch can be tombstoned (its successor
+    verified, its closer compacted away): it is dropped, and the position moves past it."""
+    alice, bob = data(A, 2, "alice", 2, None), data(A, 2, "bob", 2, None)
+    restored = restore(
+        [
+            data(A, 1, "carol", 1, None),
+            alice,
+            bob,
+            tombstone(A, data(A, 1, "carol", 1, None).key),  # of batch 1: closed, not pending
+            tombstone(A, data(B, 2, "alice", 2, None).key),  # another writer's record
+            tombstone(A, alice.key),
+        ]
+    )
+    assert restored["pending"] == [2]
+    assert restored["position"] == 2
+    assert restored["state"] == {}  # batch 1 closed by batch 2, carol then forgotten
+
+
 def test_a_later_batch_of_the_same_writer_closes_the_pending_one() -> None:
     """Its closer may have been reclaimed: the writer only went on after it committed."""
     restored = restore(
@@ -251,12 +272,11 @@ def test_tombstones_change_no_state_and_reclaim_a_delete() -> None:
 def test_a_batch_split_across_restore_runs_applies_once_closed(tmp_path: Path) -> None:
     state = TaskState(tmp_path, 0, [STORE])
     try:
-        first = fold(STORE, [(0, data(A, 1, "alice", 1, None))], Cursor(), 1)
+        first = fold(STORE, [(0, data(A, 1, "alice", 1, None))], Fold(), 1)
         state.apply(first.changes)
         assert state.get(STORE, b"alice") is None
         assert state.position(STORE) == 0
-        cursor = Cursor(state.writer(STORE), state.closed_batch(STORE), first.cursor.pending)
-        second = fold(STORE, [(1, closer(A, 1, {"clicks": 1}, None))], cursor, 2)
+        second = fold(STORE, [(1, closer(A, 1, {"clicks": 1}, None))], first.cursor, 2)
         state.apply(second.changes)
         assert state.snapshot(STORE) == {"alice": 1}
         assert state.record_keys(STORE, [b"alice"]) == [b"d:alice@1.0.7.1"]
@@ -268,13 +288,33 @@ def test_a_batch_split_across_restore_runs_applies_once_closed(tmp_path: Path) -
 def test_the_highest_writer_persists_across_restore_runs(tmp_path: Path) -> None:
     state = TaskState(tmp_path, 0, [STORE])
     try:
-        state.apply(fold(STORE, [(0, marker(B, "pod-b"))], Cursor(), 1).changes)
+        state.apply(fold(STORE, [(0, marker(B, "pod-b"))], Fold(), 1).changes)
         stale = [(1, data(A, 1, "alice", 99, None)), (2, closer(A, 1, {"c": 9}, None))]
-        cursor = Cursor(state.writer(STORE), state.closed_batch(STORE))
-        second = fold(STORE, stale, cursor, 3)
+        second = fold(STORE, stale, resume(state, STORE), 3)
         state.apply(second.changes)
         assert second.skipped == 2
         assert state.get(STORE, b"alice") is None
         assert (state.writer(STORE), state.epoch(STORE), state.position(STORE)) == (B, 2, 3)
     finally:
         state.close()
+
+
+def test_a_fold_holds_what_it_keeps_not_what_it_read() -> None:
+    """The restore writes behind once its folds hold WRITE_BEHIND_BYTES: a key the changelog
+    updates in every batch holds one entry, however many batches are read."""
+    cursor, previous, held = Fold(), None, []
+    for number in range(1, 201):
+        update = data(A, number, "alice", number, previous)
+        records = [update, closer(A, number, {"clicks": number}, None)]
+        if previous is not None:
+            records.append(tombstone(A, previous))
+        for offset, record in enumerate(records, 3 * number):
+            add_record(cursor, offset, record)
+        previous = update.key
+        held.append(cursor.held)
+    # Only the closers' values add up (each batch's input positions, parsed when taken), and
+    # alice's entry by the digits her batch number and count gain.
+    closers = sum(len(closer(A, n, {"clicks": n}, None).value or b"") + 100 for n in range(3, 201))
+    assert held[-1] <= held[1] + closers + 4
+    cursor.take()
+    assert cursor.held == 0

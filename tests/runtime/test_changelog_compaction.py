@@ -10,11 +10,12 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from smoothscale.runtime.changelog import Cursor, Positioned, closer, data, fold, marker
-from smoothscale.runtime.store import StateChanges, TaskState
+from smoothscale.runtime.changelog import Fold, Positioned, closer, data, marker, resume
+from smoothscale.runtime.store import TaskState
 from smoothscale.runtime.writer import Writer
 from tests.runtime.changelog_model import KEYS, STORE, ProtocolModel, View, replay
 from tests.runtime.compaction import as_log, as_records, compact
+from tests.runtime.folding import feed, fold, taken
 
 nonces = st.integers(0, 2**63 - 1)
 EXAMPLES = int(os.environ.get("CHANGELOG_EXAMPLES", "300"))
@@ -91,18 +92,17 @@ def test_an_incremental_restore_with_compaction_in_between_is_exact(
         try:
             head = model.log[:first]
             position = head[-1][0] + 1 if head else 0
-            outcome = fold(STORE, head, Cursor(), position)
+            outcome = fold(STORE, head, Fold(), position)
             state.apply(outcome.changes)
-            pending = [] if restarted else outcome.cursor.pending
-            resume = state.position(STORE)
+            resume_at = state.position(STORE)
             if not restarted:
-                resume = position
+                resume_at = position
             # Tombstones the reader has not read yet are still there: it resumes within the
             # topic's delete.retention.ms.
             log = as_log(model.log)
-            compacted = as_records(compact(log, cleaning_point, remove_tombstones, resume))
-            rest: list[Positioned] = [(o, r) for o, r in compacted if o >= resume]
-            cursor = Cursor(state.writer(STORE), state.closed_batch(STORE), pending)
+            compacted = as_records(compact(log, cleaning_point, remove_tombstones, resume_at))
+            rest: list[Positioned] = [(o, r) for o, r in compacted if o >= resume_at]
+            cursor = resume(state, STORE) if restarted else outcome.cursor
             state.apply(fold(STORE, rest, cursor, model.next_offset).changes)
             expected = replay(model.log)
             assert state.snapshot(STORE) == expected.visible()
@@ -145,19 +145,17 @@ def test_changes_folded_in_chunks_and_written_later_store_what_each_chunk_would(
     with tempfile.TemporaryDirectory() as directory:
         each, late = TaskState(Path(directory), 0, [STORE]), TaskState(Path(directory), 1, [STORE])
         try:
-            each_cursor, late_cursor = Cursor(), Cursor()
-            unwritten = StateChanges()
+            each_cursor, late_cursor = Fold(), Fold()
             position = 0
             for chunk, write in zip(chunks, writes, strict=True):
                 position = chunk[-1][0] + 1 if chunk else position
                 outcome = fold(STORE, chunk, each_cursor, position)
                 each.apply(outcome.changes)
                 each_cursor = outcome.cursor
-                late_cursor = fold(STORE, chunk, late_cursor, position, into=unwritten).cursor
+                feed(late_cursor, chunk, position)
                 if write:
-                    late.apply(unwritten)
-                    unwritten = StateChanges()
-            late.apply(unwritten)
+                    late.apply(taken(late_cursor, STORE))
+            late.apply(taken(late_cursor, STORE))
             assert stored(late) == stored(each)
             assert late.snapshot(STORE) == replay(log).visible()
         finally:

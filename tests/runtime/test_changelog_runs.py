@@ -1,14 +1,15 @@
-"""The restore's C reader (`_changelog.read`) reads every record as `parse_record` does.
+"""The restore's C reader (`_changelog.read`) folds every record as `parse_record` reads it.
 
-parse_record defines the format; read() consumes the same records faster, in runs, and leaves
-anything it does not read the same way to parse_record. These tests produce messages to a
-broker (the records smoothscale writes, and ones no writer should: foreign keys, odd headers)
-and compare what read() makes of them with what parse_record makes of the same messages
+parse_record defines the format; read() folds the same records faster, straight from
+librdkafka's messages, into each partition's `Fold`, and leaves anything it does not read the
+same way to parse_record (its `slow` callback). These tests produce messages to a broker (the
+records smoothscale writes, and ones no writer should: foreign keys, odd headers) and compare
+the folds read() makes of them with the folds of what parse_record makes of the same messages
 consumed by confluent-kafka's own consume().
 """
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import pytest
@@ -19,17 +20,14 @@ from hypothesis import strategies as st
 from devstack.kafka.embedded import EmbeddedKafka
 from smoothscale.runtime._changelog import read
 from smoothscale.runtime.changelog import (
-    ERROR,
-    KIND_CODES,
-    SLOW,
+    ChangelogFormatError,
     ChangelogRecord,
+    Fold,
+    add_record,
     changes,
     closer,
     marker,
     parse_record,
-    run_of,
-    runs_of,
-    state_key_of,
     tombstone,
 )
 from smoothscale.runtime.restore import RestoreConsumer
@@ -102,18 +100,43 @@ class Log:
         finally:
             consumer.close()
 
-    def read(self, ranges: dict[int, tuple[int, int]]) -> list[tuple[Any, ...]]:
-        """The items read() makes of the messages in `ranges`."""
+    def read(self, ranges: dict[int, tuple[int, int]]) -> "Read":
+        """What read() folds of the messages in `ranges`, one Fold per partition."""
         consumer = self.reader()
+        done = Read({(self.topic, partition): Fold() for partition in ranges})
         try:
             consumer.assign([TopicPartition(self.topic, p, s) for p, (s, _e) in ranges.items()])
-            wanted, count, items = sum(e - s for s, e in ranges.values()), 0, []
+            wanted, count = sum(e - s for s, e in ranges.values()), 0
             while count < wanted:
-                consumed, more = read(consumer.handle, wanted, 5.0)
-                count, items = count + consumed, items + more
-            return items
+                consumed, _counts, errors = read(
+                    consumer.handle, wanted, 5.0, done.folds, done.slow
+                )
+                assert errors == []
+                count += consumed
+            return done
         finally:
             consumer.close()
+
+
+@dataclass
+class Read:
+    """Folds read() fed, and the records it left to `slow` (partition, offset, folded)."""
+
+    folds: dict[tuple[str, int], Fold]
+    slow_records: list[tuple[int, int, bool]] = field(default_factory=list)
+
+    def slow(self, fold: Fold, _topic: str, partition: int, message: tuple[Any, ...]) -> bool:
+        offset, key, value, headers = message
+        try:
+            add_record(fold, offset, parse_record(key, value, headers))
+        except ChangelogFormatError:
+            self.slow_records.append((partition, offset, False))
+            return False
+        self.slow_records.append((partition, offset, True))
+        return True
+
+    def fold(self, partition: int) -> Fold:
+        return next(fold for (_t, p), fold in self.folds.items() if p == partition)
 
 
 @pytest.fixture(scope="module")
@@ -123,25 +146,23 @@ def log(embedded_kafka: EmbeddedKafka) -> Iterator[Log]:
     log.producer.flush(10)
 
 
-def records(items: list[tuple[Any, ...]]) -> dict[int, list[tuple[Any, ...]]]:
-    """Per partition, in order: (offset, record) for a record read(), or (offset, "slow",
-    (offset, key, value, headers)) for one it left to parse_record."""
-    found: dict[int, list[tuple[Any, ...]]] = {}
-    for item in items:
-        partition, kind = item[1], item[2]
-        assert kind != ERROR, item
-        if kind == SLOW:
-            found.setdefault(partition, []).append((item[3][0], "slow", item[3]))
-            continue
-        run = run_of(item)
-        for offset, key, value, supersedes, state_key in zip(*run[3:], strict=True):
-            record = ChangelogRecord(run.kind, run.writer, key, value, run.batch, supersedes)
-            assert state_key == state_key_of(key)
-            found.setdefault(partition, []).append((offset, record))
-    return found
+def folded(positioned: list[tuple[int, ChangelogRecord]]) -> Fold:
+    fold = Fold()
+    for offset, record in positioned:
+        add_record(fold, offset, record)
+    return fold
 
 
-def test_the_records_smoothscale_writes_are_read_in_runs(log: Log) -> None:
+def same(fold: Fold, other: Fold) -> None:
+    """The two folds stand at the same place and made the same changes."""
+    state = ("position", "read_to", "writer", "closed", "pending", "applied", "skipped")
+    assert {name: getattr(fold, name) for name in state} == {
+        name: getattr(other, name) for name in state
+    }
+    assert fold.take() == other.take()
+
+
+def test_the_records_smoothscale_writes_are_read_on_the_fast_path(log: Log) -> None:
     written = [
         marker(A, "pod-a"),
         *changes(A, 1, {"alice": 1, "bob": None}, [None, b"d:bob@0.0.1.4"]),
@@ -155,72 +176,77 @@ def test_the_records_smoothscale_writes_are_read_in_runs(log: Log) -> None:
         marker(Writer.next_after(3, B), "pod-c"),
     ]
     ranges = log.append([sent(record) for record in written])
-    items = log.read(ranges)
-    kinds = ["marker", "data", "delete", "data", "close", "tombstone", "marker", "data"]
-    assert [item[2] for item in items] == [
-        KIND_CODES.index(kind) for kind in (*kinds, "tombstone", "marker")
-    ]
+    done = log.read(ranges)
+    assert done.slow_records == []
     start = ranges[0][0]
-    positioned = [(start + offset, record) for offset, record in enumerate(written)]
-    assert records(items) == {0: positioned}
-    assert [run_of(item) for item in items] == runs_of(positioned)
-    assert {item[0] for item in items} == {log.topic}
+    expected = folded([(start + offset, record) for offset, record in enumerate(written)])
+    assert (expected.applied, expected.pending) == (8, [])
+    same(done.fold(0), expected)
 
 
-def test_a_run_ends_where_the_partition_changes(log: Log) -> None:
+def test_each_partition_is_folded_into_its_own_fold(log: Log) -> None:
     written = changes(A, 3, {f"user-{n}": n for n in range(40)}, [None] * 40)
-    ranges = log.append([sent(record, n % 2) for n, record in enumerate(written)])
-    found = records(log.read(ranges))
+    closers = [closer(A, 3, {"clicks": 40}, None)] * 2
+    messages = [sent(record, n % 2) for n, record in enumerate([*written, *closers])]
+    done = log.read(log.append(messages))
     for partition in (0, 1):
-        start = ranges[partition][0]
-        expected = [record for n, record in enumerate(written) if n % 2 == partition]
-        assert found[partition] == [(start + i, r) for i, r in enumerate(expected)]
+        start = log.ends[partition] - 21
+        mine = [r for n, r in enumerate(written) if n % 2 == partition]
+        positioned = list(enumerate([*mine, closers[0]], start))
+        assert len(folded(positioned).take()[0]) == 20
+        same(done.fold(partition), folded(positioned))
 
 
 def test_the_last_header_of_a_name_counts(log: Log) -> None:
-    """As in parse_record's dict(headers): a tombstone whose last writer header is not a
-    writer is left to parse_record (which refuses it), and the other way round."""
+    """As in parse_record's dict(headers): a tombstone whose last writer header is a writer is
+    read, one whose last is not is left to parse_record (which refuses it: the task fails), and
+    the last supersedes header is the record superseded."""
     key = b"d:alice@1.0.7.3"
     messages = [
-        Sent(key, None, [("smoothscale.writer", b"x"), ("smoothscale.writer", b"1.0.7")]),
-        Sent(key, None, [("smoothscale.writer", b"1.0.7"), ("smoothscale.writer", b"x")]),
         Sent(
             b"d:alice@1.0.7.4",
             b"1",
             [("smoothscale.supersedes", b"d:a@1.0.7.1"), ("smoothscale.supersedes", key)],
         ),
+        sent(closer(A, 4, {}, None)),
+        Sent(key, None, [("smoothscale.writer", b"x"), ("smoothscale.writer", b"1.0.7")]),
+        Sent(key, None, [("smoothscale.writer", b"1.0.7"), ("smoothscale.writer", b"x")]),
     ]
-    found = records(log.read(log.append(messages)))[0]
-    assert [entry[1] == "slow" for entry in found] == [False, True, False]
+    ranges = log.append(messages)
+    done = log.read(ranges)
+    start = ranges[0][0]
+    assert done.slow_records == [(0, start + 3, False)]
+    _entries, _reclaimed, garbage, _collected, *_ = done.fold(0).take()
+    assert garbage == set()  # the last supersedes header, `key`, tombstoned by the third
     tombstone = Sent(key, None, [("smoothscale.writer", b"1.0.7"), ("smoothscale.supersedes", key)])
-    assert records(log.read(log.append([tombstone])))[0][0][1].supersedes is None
-    assert found[0][1].writer == Writer(1, 0, 7)
-    assert found[2][1].supersedes == key
+    again = log.read(log.append([messages[0], messages[1], tombstone]))
+    assert again.slow_records == []
+    assert again.fold(0).take()[2] == set()  # a tombstone supersedes nothing
 
 
-def test_a_position_the_broker_does_not_have_is_an_error_item(log: Log) -> None:
+def test_a_position_the_broker_does_not_have_is_an_error(log: Log) -> None:
     consumer = log.reader(**{"auto.offset.reset": "error"})
+    folds = {(log.topic, 1): Fold()}
     try:
         consumer.assign([TopicPartition(log.topic, 1, log.ends[1] + 1000)])
-        items: list[tuple[Any, ...]] = []
+        errors: list[tuple[Any, ...]] = []
         for _ in range(50):
-            items += read(consumer.handle, 10, 0.2)[1]
-            if items:
+            errors += read(consumer.handle, 10, 0.2, folds, Read(folds).slow)[2]
+            if errors:
                 break
-        assert [(item[1], item[2], item[3][0]) for item in items] == [
-            (1, ERROR, KafkaError._AUTO_OFFSET_RESET)
-        ]
+        assert [(error[1], error[2]) for error in errors] == [(1, KafkaError._AUTO_OFFSET_RESET)]
     finally:
         consumer.close()
 
 
 def test_read_takes_the_restores_open_consumer(log: Log) -> None:
+    slow = Read({}).slow
     with pytest.raises(TypeError, match="restore's consumer"):
-        read(log.consumer(), 10, 0.1)  # type: ignore[arg-type]
+        read(log.consumer(), 10, 0.1, {}, slow)  # type: ignore[arg-type]
     consumer = log.reader()
     consumer.close()
     with pytest.raises(RuntimeError, match="closed"):
-        read(consumer.handle, 10, 0.1)
+        read(consumer.handle, 10, 0.1, {}, slow)
 
 
 KEYS = st.one_of(
@@ -275,44 +301,32 @@ MESSAGES = st.lists(
 )
 
 
-def both(log: Log, messages: list[Sent]) -> list[tuple[tuple[Any, ...], Message]]:
-    """Per message, what read() made of it beside what confluent-kafka consumed."""
+def both(log: Log, messages: list[Sent]) -> None:
+    """read()'s folds of `messages` are those of parse_record's records of the same messages
+    (consumed by confluent-kafka), up to the first record in a partition that parse_record or
+    the fold refuses, which read() left to parse_record (and none before it)."""
     ranges = log.append(messages)
-    found = records(log.read(ranges))
-    consumed: dict[int, list[Message]] = {}
+    done = log.read(ranges)
+    refused: dict[int, int] = {}
+    expected = {partition: Fold() for partition in ranges}
     for message in log.consumed(ranges):
-        consumed.setdefault(message.partition() or 0, []).append(message)
-    pairs = []
-    for partition, messages_read in consumed.items():
-        assert len(found[partition]) == len(messages_read)
-        pairs += list(zip(found[partition], messages_read, strict=True))
-    assert len(pairs) == len(messages)
-    return pairs
+        partition, offset = message.partition() or 0, message.offset() or 0
+        if partition in refused:
+            continue
+        try:
+            record = parse_record(message.key(), message.value(), message.headers())
+            add_record(expected[partition], offset, record)
+        except ChangelogFormatError:  # not a record, or out of the fold's range
+            refused[partition] = offset
+    refused_by_read = sorted((p, o) for p, o, folded in done.slow_records if not folded)
+    assert refused_by_read == sorted(refused.items())
+    for partition, fold in expected.items():
+        same(done.fold(partition), fold)
 
 
 @settings(max_examples=300, deadline=None)
 @given(MESSAGES)
-def test_every_record_read_in_runs_is_the_one_parse_record_reads(
-    log: Log, messages: list[Sent]
-) -> None:
-    for found, message in both(log, messages):
-        assert found[0] == message.offset()
-        fields = (message.offset(), message.key(), message.value(), message.headers())
-        if found[1] == "slow":
-            assert found[2] == fields
-        else:
-            assert found[1] == parse_record(*fields[1:])
-
-
-@settings(max_examples=200, deadline=None)
-@given(MESSAGES)
 # Found by the gate of 2026-11-28: a tombstone of a data-like key without "@" (no state key).
 @example([Sent(b"d:alice", None, [("smoothscale.writer", b"1.0.7")])])
-def test_a_record_parse_record_refuses_is_never_read_in_runs(
-    log: Log, messages: list[Sent]
-) -> None:
-    for found, message in both(log, messages):
-        try:
-            parse_record(message.key(), message.value(), message.headers())
-        except ValueError:  # ChangelogFormatError
-            assert found[1] == "slow"
+def test_read_folds_every_record_as_parse_record_reads_it(log: Log, messages: list[Sent]) -> None:
+    both(log, messages)

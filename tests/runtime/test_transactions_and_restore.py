@@ -300,11 +300,11 @@ def test_a_task_behind_is_written_to_its_store_once_read_to_the_changelog_end(
     state = TaskState(config.state_dir / "warm-up", 0, [STORE])
     states = {0: state}
     try:
+        applier.follow(state)
         consumer.assign(applier.partitions(state))
         read: list[int] = []
         while not read or applier.read_to(state)[STORE] < end:
-            _consumed, items = restore.read(consumer.handle, 3, 1.0)
-            applier.apply(consumer, items, states)
+            applier.read(consumer, states, 3, 1.0)
             applier.write_caught_up(consumer, states)
             read.append(applier.read_to(state)[STORE])
             if applier.read_to(state)[STORE] < end:

@@ -1,27 +1,25 @@
-/* The restore's per-record work in C: its own librdkafka consumer, reading changelog records
- * into runs, and the fold's work on the store's entries (entries, forget_reclaimed: below).
+/* The restore's per-record work in C: its own librdkafka consumer, and the fold of changelog
+ * records into the changes to write to a task's store.
  *
  * smoothscale.runtime.changelog defines the record format (parse_record) and the rule that
- * restores a state from it (fold_runs); this module only makes reading it cheap, as CPython's
- * _json does for json. open_consumer(settings) creates a librdkafka consumer (a capsule; the
- * Python side is restore.RestoreConsumer): assign, positions, watermarks, metadata, close.
- * read(consumer, count, timeout) consumes up to `count` messages, reads each record in C from
- * librdkafka's message (no Python object a message), and groups consecutive records of one
- * partition with the same kind, writer and batch into a run:
- *
- *     (topic, partition, kind, writer, batch, offsets, keys, values, supersedes, state_keys)
- *
- * kind: 0 marker, 1 close, 2 data, 3 delete, 4 tombstone (changelog.KIND_CODES); writer: its
- * text, E.S.N (from the key, or a tombstone's header); batch: int or None; then one list entry
- * per record: its offset, key, value (None for a tombstone), the record key it supersedes (or
- * None) and, for a record key of the form d:<state key>@..., that state key (or None).
+ * restores a state from it (its module documentation); this module only makes applying it cheap,
+ * as CPython's _json does for json. open_consumer(settings) creates a librdkafka consumer (a
+ * capsule; the Python side is restore.RestoreConsumer): assign, positions, watermarks, metadata,
+ * close. A Fold is the fold of one changelog partition: where it stands (the highest writer
+ * seen, W*, the batch W* last closed, W*'s batch not closed yet) and the changes folded since
+ * they were last taken (take(): per state key its new entry, the garbage set's additions and
+ * removals, the closers' values). read(consumer, count, timeout, folds, slow) consumes up to
+ * `count` messages and folds each record into its partition's Fold straight from librdkafka's
+ * message: the Python objects a record makes are those the changes keep (its state key and
+ * entry, the record key it supersedes), or those a tombstone needs to look its record up. A
+ * record superseded before the changes are taken leaves nothing behind.
  *
  * A record it does not read on this fast path (an unusual header, anything parse_record would
- * reject or read in a way of its own) becomes an item of its own, (topic, partition, -1,
- * (offset, key, value, headers), None, ...), headers as confluent-kafka gives them: the caller
- * reads it with parse_record, which says what is wrong. An error becomes (topic or None,
- * partition, -2, (code, text), None, ...). Every record read here is one parse_record reads
- * the same way (tests/runtime/test_changelog_runs.py compares the two).
+ * reject or read in a way of its own, a writer beyond 64-bit numbers) goes to the `slow`
+ * callback with its message (offset, key, value, headers as confluent-kafka gives them), which
+ * reads it with parse_record and folds it (Fold.add), or fails the partition's task. An error
+ * event comes back as (topic or None, partition, code, text). Every record read here is one
+ * parse_record reads the same way (tests/runtime/test_changelog_runs.py compares the two).
  *
  * librdkafka's functions are the ones confluent-kafka's extension is linked with, looked up
  * through that extension at import (no headers; one librdkafka in the process). The consumer
@@ -37,9 +35,6 @@
 #include <string.h>
 
 enum { MARKER, CLOSE, DATA, DELETE, TOMBSTONE };
-#define SLOW (-1)
-#define ERROR (-2)
-#define ITEM_SIZE 10
 #define NO_BATCH (-1)
 
 /* librdkafka's public C API: the types and functions used here (rdkafka.h). */
@@ -104,6 +99,7 @@ static struct {
     void (*destroy)(rd_kafka_t *);
     rd_kafka_queue_t *(*queue_get_consumer)(rd_kafka_t *);
     void (*queue_destroy)(rd_kafka_queue_t *);
+    void (*queue_yield)(rd_kafka_queue_t *);
     ssize_t (*consume_batch_queue)(rd_kafka_queue_t *, int, rd_kafka_message_t **, size_t);
     void (*message_destroy)(rd_kafka_message_t *);
     const char *(*topic_name)(const rd_kafka_topic_t *);
@@ -259,42 +255,6 @@ static PyObject *bytes_or_none(const void *data, size_t size) {
     return PyBytes_FromStringAndSize(data, (Py_ssize_t)size);
 }
 
-/* An item of `size` fields, the first ones given (new references, any NULL: fails), the rest
- * None. */
-static PyObject *new_item(PyObject **fields, int given) {
-    PyObject *item = PyTuple_New(ITEM_SIZE);
-    int failed = item == NULL;
-    for (int i = 0; i < ITEM_SIZE; i++) {
-        PyObject *field = i < given ? fields[i] : Py_NewRef(Py_None);
-        failed = failed || field == NULL;
-        if (item != NULL && field != NULL) {
-            PyTuple_SET_ITEM(item, i, field);
-        } else {
-            Py_XDECREF(field);
-        }
-    }
-    if (failed) {
-        Py_XDECREF(item);
-        return NULL;
-    }
-    return item;
-}
-
-/* A new run item for its first record (lists empty). */
-static PyObject *new_run(PyObject *topic, PyObject *partition, const Record *record) {
-    PyObject *fields[ITEM_SIZE] = {
-        Py_NewRef(topic),
-        Py_NewRef(partition),
-        PyLong_FromLong(record->kind),
-        PyBytes_FromStringAndSize(record->writer, record->writer_length),
-        record->batch == NO_BATCH ? Py_NewRef(Py_None) : PyLong_FromLongLong(record->batch),
-    };
-    for (int i = 5; i < ITEM_SIZE; i++) {
-        fields[i] = PyList_New(0);
-    }
-    return new_item(fields, ITEM_SIZE);
-}
-
 /* The headers of a message as confluent-kafka gives them: None, or a list of (str, bytes or
  * None) pairs. */
 static PyObject *headers_of(const rd_kafka_headers_t *headers) {
@@ -328,27 +288,6 @@ static int append_new(PyObject *list, PyObject *object) {
     return result;
 }
 
-/* Whether `run` (an item of this module, or NULL) continues with this record: 1, 0, or -1 on
- * a Python error. */
-static int continues(PyObject *run, PyObject *topic, PyObject *partition, const Record *record) {
-    if (run == NULL || PyLong_AsLong(PyTuple_GET_ITEM(run, 2)) != record->kind) {
-        return 0;
-    }
-    PyObject *writer = PyTuple_GET_ITEM(run, 3), *batch = PyTuple_GET_ITEM(run, 4);
-    if (PyBytes_GET_SIZE(writer) != record->writer_length ||
-        memcmp(PyBytes_AS_STRING(writer), record->writer, record->writer_length) != 0) {
-        return 0;
-    }
-    if (batch == Py_None ? record->batch != NO_BATCH
-                         : PyLong_AsLongLong(batch) != record->batch) {
-        return 0;
-    }
-    if (PyTuple_GET_ITEM(run, 0) != topic) {
-        return 0; /* one str per topic name a read makes (names_by_topic) */
-    }
-    return PyObject_RichCompareBool(PyTuple_GET_ITEM(run, 1), partition, Py_EQ);
-}
-
 /* The topic's name as one str per read (a small cache of librdkafka topic -> str). */
 typedef struct {
     const rd_kafka_topic_t *topics[8];
@@ -375,86 +314,630 @@ static PyObject *name_of(Names *names, const rd_kafka_topic_t *topic) {
     return name;
 }
 
-/* Reads one message onto `items`. `*run` is the run item the message may continue (borrowed:
- * `items` holds it; NULL: none), and is set to the one the next message may continue.
- * Returns 0, or -1 with an exception set. */
-static int read_message(const rd_kafka_message_t *message, PyObject *items, PyObject **run,
-                        Names *names) {
-    PyObject *topic = message->rkt == NULL ? Py_None : name_of(names, message->rkt);
-    if (topic == NULL) {
+/* A writer "E.S.N" (text[0:length], as writer_length reads it) as three numbers: 1, or 0 if
+ * one does not fit a long long (then the record goes to the slow path, whose fold refuses it). */
+static int writer_numbers(const char *text, Py_ssize_t length, long long numbers[3]) {
+    Py_ssize_t i = 0;
+    for (int part = 0; part < 3; part++) {
+        if (part > 0) {
+            i++; /* the '.' writer_length found */
+        }
+        int negative = i < length && text[i] == '-';
+        i += negative;
+        unsigned long long value = 0;
+        for (; i < length && text[i] >= '0' && text[i] <= '9'; i++) {
+            unsigned long long digit = (unsigned long long)(text[i] - '0');
+            if (value > (9223372036854775808ull - digit) / 10) {
+                return 0;
+            }
+            value = value * 10 + digit;
+        }
+        if (value > 9223372036854775807ull + (unsigned long long)negative) {
+            return 0;
+        }
+        numbers[part] = negative ? (long long)(0 - value) : (long long)value;
+    }
+    return 1;
+}
+
+/* The store's entries (smoothscale.runtime.store.entry defines them): a record key's length
+ * (4 bytes, big-endian; the top bit set for a delete), the record key, and the value. */
+#define DELETED 0x80000000u
+
+/* The entry of the record `key` with `value` (NULL: a delete), a new reference. */
+static PyObject *entry_of(const char *key, Py_ssize_t key_length, const char *value,
+                          Py_ssize_t value_length) {
+    if (key_length >= (Py_ssize_t)DELETED) {
+        PyErr_SetString(PyExc_ValueError, "a record key of 2 GiB or more");
+        return NULL;
+    }
+    PyObject *made = PyBytes_FromStringAndSize(NULL, 4 + key_length + value_length);
+    if (made == NULL) {
+        return NULL;
+    }
+    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(made);
+    uint32_t head = (uint32_t)key_length | (value == NULL ? DELETED : 0);
+    out[0] = (unsigned char)(head >> 24);
+    out[1] = (unsigned char)(head >> 16);
+    out[2] = (unsigned char)(head >> 8);
+    out[3] = (unsigned char)head;
+    memcpy(out + 4, key, (size_t)key_length);
+    if (value_length > 0) {
+        memcpy(out + 4 + key_length, value, (size_t)value_length);
+    }
+    return made;
+}
+
+/* Whether `entry` (bytes) is one of the record `key`. */
+static int entry_is_of(PyObject *entry, const char *key, Py_ssize_t key_length) {
+    Py_ssize_t size = PyBytes_GET_SIZE(entry);
+    if (size < 4) {
+        return 0;
+    }
+    const unsigned char *in = (const unsigned char *)PyBytes_AS_STRING(entry);
+    uint32_t head = ((uint32_t)in[0] << 24) | ((uint32_t)in[1] << 16) | ((uint32_t)in[2] << 8) |
+                    (uint32_t)in[3];
+    Py_ssize_t length = (Py_ssize_t)(head & ~DELETED);
+    return length == key_length && size >= 4 + length &&
+           memcmp(in + 4, key, (size_t)length) == 0;
+}
+
+/* The tombstones of the batch path (store.StateChanges.reclaim) on changes it built. */
+static PyObject *forget_reclaimed(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *changed, *keys, *state_keys;
+    if (!PyArg_ParseTuple(args, "O!O!O!:forget_reclaimed", &PyDict_Type, &changed, &PyList_Type,
+                          &keys, &PyList_Type, &state_keys)) {
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(keys);
+    if (PyList_GET_SIZE(state_keys) != count) {
+        PyErr_SetString(PyExc_ValueError, "forget_reclaimed() takes a state key per record key");
+        return NULL;
+    }
+    PyObject *elsewhere = PyList_New(0);
+    for (Py_ssize_t i = 0; elsewhere != NULL && i < count; i++) {
+        PyObject *state_key = PyList_GET_ITEM(state_keys, i);
+        if (state_key == Py_None) {
+            continue;
+        }
+        PyObject *current = PyDict_GetItemWithError(changed, state_key); /* borrowed */
+        if (current == NULL) {
+            if (PyErr_Occurred() || append_new(elsewhere, PyLong_FromSsize_t(i)) < 0) {
+                Py_CLEAR(elsewhere);
+            }
+            continue;
+        }
+        PyObject *record_key = PyList_GET_ITEM(keys, i);
+        if (current == Py_None) {
+            continue;
+        }
+        if (!PyBytes_Check(current) || !PyBytes_Check(record_key)) {
+            PyErr_SetString(PyExc_TypeError, "entries and record keys are bytes");
+            Py_CLEAR(elsewhere);
+        } else if (entry_is_of(current, PyBytes_AS_STRING(record_key),
+                               PyBytes_GET_SIZE(record_key)) &&
+                   PyDict_SetItem(changed, state_key, Py_None) < 0) {
+            Py_CLEAR(elsewhere);
+        }
+    }
+    return elsewhere;
+}
+
+/* The fold of one changelog partition (smoothscale.runtime.changelog documents the rule). */
+
+/* A record of W*'s open batch (a data or delete record): what it makes once the batch closes. */
+typedef struct {
+    long long offset;
+    PyObject *state_key;  /* bytes */
+    PyObject *entry;      /* bytes: the store's entry it makes */
+    PyObject *supersedes; /* bytes, or NULL */
+} Pending;
+
+typedef struct {
+    PyObject_HEAD
+    int has_writer;
+    long long writer[3]; /* W*: epoch, session, nonce */
+    long long closed;    /* the batch W* last closed, -1: none */
+    long long pending_batch;     /* the open batch (its first record's) */
+    long long pending_low, pending_high; /* the lowest and highest batch of its records */
+    Pending *pending;
+    Py_ssize_t pending_count, pending_capacity;
+    long long read_to; /* the changelog offset after the last record read */
+    /* The changes not yet taken (store.StateChanges, for this store): */
+    PyObject *entries;   /* dict: state key -> entry, or None to forget the key */
+    PyObject *reclaimed; /* dict: state key -> set of record keys tombstoned */
+    PyObject *garbage;   /* set: record keys superseded */
+    PyObject *collected; /* set: record keys tombstoned, out of the stored garbage set */
+    PyObject *closers;   /* list: the values of the closers applied, in order */
+    int changed;         /* anything to write since the last take */
+    /* About how much memory the changes and the open batch hold (`kept`): */
+    Py_ssize_t held_changes, held_pending;
+    long long applied, skipped;
+} Fold;
+
+/* About the memory a bytes object the fold keeps takes (its bytes, its header, and the slot of
+ * the container that holds it), counted against restore.WRITE_BEHIND_BYTES: what the fold
+ * holds, not what it has read (a key updated a hundred times holds one entry). */
+static Py_ssize_t kept(PyObject *bytes) {
+    return PyBytes_GET_SIZE(bytes) + 100;
+}
+
+static Py_ssize_t pending_kept(const Pending *record) {
+    return kept(record->state_key) + kept(record->entry) +
+           (record->supersedes == NULL ? 0 : kept(record->supersedes));
+}
+
+static int fold_new_changes(Fold *fold) {
+    fold->entries = PyDict_New();
+    fold->reclaimed = PyDict_New();
+    fold->garbage = PySet_New(NULL);
+    fold->collected = PySet_New(NULL);
+    fold->closers = PyList_New(0);
+    fold->changed = 0;
+    fold->held_changes = 0;
+    return fold->entries && fold->reclaimed && fold->garbage && fold->collected && fold->closers
+               ? 0
+               : -1;
+}
+
+static void fold_clear_pending(Fold *fold) {
+    for (Py_ssize_t i = 0; i < fold->pending_count; i++) {
+        Py_DECREF(fold->pending[i].state_key);
+        Py_DECREF(fold->pending[i].entry);
+        Py_XDECREF(fold->pending[i].supersedes);
+    }
+    fold->pending_count = 0;
+    fold->held_pending = 0;
+}
+
+static void fold_dealloc(Fold *fold) {
+    fold_clear_pending(fold);
+    PyMem_Free(fold->pending);
+    Py_XDECREF(fold->entries);
+    Py_XDECREF(fold->reclaimed);
+    Py_XDECREF(fold->garbage);
+    Py_XDECREF(fold->collected);
+    Py_XDECREF(fold->closers);
+    Py_TYPE(fold)->tp_free((PyObject *)fold);
+}
+
+/* `record_key` superseded: garbage to reclaim (and no longer reclaimed, if it was). */
+static int fold_supersede(Fold *fold, PyObject *record_key) {
+    int removed = PySet_GET_SIZE(fold->collected) > 0 ? PySet_Discard(fold->collected, record_key)
+                                                       : 0;
+    Py_ssize_t before = PySet_GET_SIZE(fold->garbage);
+    if (removed < 0 || PySet_Add(fold->garbage, record_key) < 0) {
         return -1;
     }
-    PyObject *partition = PyLong_FromLong(message->partition);
-    if (partition == NULL) {
-        return -1;
+    fold->held_changes += (PySet_GET_SIZE(fold->garbage) - before - removed) * kept(record_key);
+    return 0;
+}
+
+/* W*'s open batch takes effect: each record sets its key's entry, and what it supersedes is
+ * garbage. */
+static int fold_close(Fold *fold) {
+    for (Py_ssize_t i = 0; i < fold->pending_count; i++) {
+        Pending *record = &fold->pending[i];
+        PyObject *before = PyDict_GetItemWithError(fold->entries, record->state_key);
+        if (before == NULL && PyErr_Occurred()) {
+            return -1;
+        }
+        /* the dict keeps its own key object, and drops the entry it held */
+        fold->held_changes += kept(record->entry) + (before == NULL ? kept(record->state_key) : 0) -
+                              (before != NULL && before != Py_None ? kept(before) : 0);
+        if (PyDict_SetItem(fold->entries, record->state_key, record->entry) < 0 ||
+            (record->supersedes != NULL && fold_supersede(fold, record->supersedes) < 0)) {
+            return -1;
+        }
     }
-    int result = -1;
-    if (message->err != 0) {
-        *run = NULL;
-        const char *text = rdk.err2str(message->err);
-        PyObject *fields[4] = {Py_NewRef(topic), Py_NewRef(partition), PyLong_FromLong(ERROR),
-                               Py_BuildValue("(is)", message->err, text)};
-        result = append_new(items, new_item(fields, 4));
-        Py_DECREF(partition);
-        return result;
-    }
-    rd_kafka_headers_t *headers = NULL;
-    if (rdk.message_headers(message, &headers) != 0) {
-        headers = NULL;
-    }
+    fold->closed = fold->pending_batch;
+    fold_clear_pending(fold);
+    return 0;
+}
+
+static int writer_compare(const long long a[3], const long long b[3]);
+
+/* Whether the record `key` may be one of the open batch's: a data or delete record key of W*
+ * and of a batch among theirs. A tombstone reclaims a record of the open batch only on a
+ * compacted log (and rarely there), so most never look through it: a batch of n keys read
+ * after compaction removed its closer would otherwise compare each of its n tombstones with
+ * each of its n records. */
+static int may_be_pending(Fold *fold, const char *key, Py_ssize_t key_length) {
     Record record = {0, NULL, 0, NO_BATCH, NULL, 0};
-    const char *key = message->key;
-    Py_ssize_t key_length = (Py_ssize_t)message->key_len;
-    int fast = 0;
-    if (key != NULL) {
-        if (message->payload == NULL) {
-            record.kind = TOMBSTONE;
-            fast = 1;
+    long long writer[3];
+    return fold->pending_count > 0 && read_key(key, key_length, 0, &record) &&
+           record.kind == DATA && writer_numbers(record.writer, record.writer_length, writer) &&
+           writer_compare(writer, fold->writer) == 0 && record.batch >= fold->pending_low &&
+           record.batch <= fold->pending_high;
+}
+
+/* A tombstone of `key` (its state key, or None): out of the garbage set, and a key whose entry
+ * is still that record is forgotten (a reader of a compacted log can miss what superseded it);
+ * a pending record it reclaims is dropped. A key these changes do not hold goes to
+ * `reclaimed`: the stored entry decides. */
+static int fold_reclaim(Fold *fold, const char *key, Py_ssize_t key_length) {
+    PyObject *record_key = PyBytes_FromStringAndSize(key, key_length);
+    if (record_key == NULL) {
+        return -1;
+    }
+    PyObject *state_key = state_key_of(key, key_length);
+    int result = -1;
+    if (state_key == NULL) {
+        goto done;
+    }
+    int was_garbage = PySet_GET_SIZE(fold->garbage) > 0 ? PySet_Discard(fold->garbage, record_key)
+                                                         : 0;
+    Py_ssize_t before = PySet_GET_SIZE(fold->collected);
+    if (was_garbage < 0 || (!was_garbage && PySet_Add(fold->collected, record_key) < 0)) {
+        goto done;
+    }
+    fold->held_changes += (PySet_GET_SIZE(fold->collected) - before - was_garbage) *
+                          kept(record_key);
+    if (state_key != Py_None) {
+        PyObject *current = PyDict_GetItemWithError(fold->entries, state_key); /* borrowed */
+        if (current == NULL) {
+            if (PyErr_Occurred()) {
+                goto done;
+            }
+            PyObject *keys = PyDict_GetItemWithError(fold->reclaimed, state_key);
+            if (keys == NULL) {
+                if (PyErr_Occurred() || (keys = PySet_New(NULL)) == NULL) {
+                    goto done;
+                }
+                int added = PyDict_SetItem(fold->reclaimed, state_key, keys);
+                Py_DECREF(keys); /* the dict holds it */
+                if (added < 0) {
+                    goto done;
+                }
+                fold->held_changes += kept(state_key) + 200; /* and an empty set */
+            }
+            Py_ssize_t held = PySet_GET_SIZE(keys);
+            if (PySet_Add(keys, record_key) < 0) {
+                goto done;
+            }
+            fold->held_changes += (PySet_GET_SIZE(keys) - held) * kept(record_key);
+        } else if (current != Py_None && PyBytes_Check(current) &&
+                   entry_is_of(current, key, key_length)) {
+            fold->held_changes -= kept(current);
+            if (PyDict_SetItem(fold->entries, state_key, Py_None) < 0) {
+                goto done;
+            }
+        }
+    }
+    Py_ssize_t kept = 0;
+    if (!may_be_pending(fold, key, key_length)) {
+        result = 0;
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < fold->pending_count; i++) {
+        Pending record = fold->pending[i];
+        if (entry_is_of(record.entry, key, key_length)) {
+            fold->held_pending -= pending_kept(&record);
+            Py_DECREF(record.state_key);
+            Py_DECREF(record.entry);
+            Py_XDECREF(record.supersedes);
         } else {
-            fast = read_key(key, key_length, message->len == 0, &record);
+            fold->pending[kept++] = record;
         }
-        fast = fast && read_headers(headers, &record);
     }
-    if (!fast) {
-        *run = NULL;
-        PyObject *fields[4] = {
-            Py_NewRef(topic), Py_NewRef(partition), PyLong_FromLong(SLOW),
-            Py_BuildValue("(LNNN)", (long long)message->offset, bytes_or_none(key, key_length),
-                          bytes_or_none(message->payload, message->len), headers_of(headers)),
-        };
-        result = append_new(items, new_item(fields, 4));
-        Py_DECREF(partition);
-        return result;
-    }
-    int continued = continues(*run, topic, partition, &record);
-    if (continued < 0) {
-        goto done;
-    }
-    if (!continued) {
-        PyObject *started = new_run(topic, partition, &record);
-        if (append_new(items, started) < 0) {
-            *run = NULL;
-            goto done;
-        }
-        *run = started; /* `items` holds it */
-    }
-    if (append_new(PyTuple_GET_ITEM(*run, 5), PyLong_FromLongLong(message->offset)) < 0 ||
-        append_new(PyTuple_GET_ITEM(*run, 6), PyBytes_FromStringAndSize(key, key_length)) < 0 ||
-        append_new(PyTuple_GET_ITEM(*run, 7),
-                   record.kind == TOMBSTONE ? Py_NewRef(Py_None)
-                                            : bytes_or_none(message->payload, message->len)) < 0 ||
-        append_new(PyTuple_GET_ITEM(*run, 8),
-                   bytes_or_none(record.supersedes, record.supersedes_length)) < 0 ||
-        append_new(PyTuple_GET_ITEM(*run, 9),
-                   record.kind == MARKER || record.kind == CLOSE ? Py_NewRef(Py_None)
-                                                                : state_key_of(key, key_length)) < 0) {
-        goto done;
-    }
+    fold->pending_count = kept;
     result = 0;
 done:
-    Py_DECREF(partition);
+    Py_DECREF(record_key);
+    Py_XDECREF(state_key);
     return result;
 }
+
+static int fold_pend(Fold *fold, long long batch, long long offset, const char *key,
+                     Py_ssize_t key_length, const char *value, Py_ssize_t value_length,
+                     const char *supersedes, Py_ssize_t supersedes_length) {
+    if (fold->pending_count == fold->pending_capacity) {
+        Py_ssize_t capacity = fold->pending_capacity < 64 ? 64 : 2 * fold->pending_capacity;
+        Pending *grown = PyMem_Realloc(fold->pending, sizeof(Pending) * (size_t)capacity);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        fold->pending = grown;
+        fold->pending_capacity = capacity;
+    }
+    Pending record = {offset, state_key_of(key, key_length),
+                      entry_of(key, key_length, value, value_length),
+                      supersedes == NULL ? NULL
+                                         : PyBytes_FromStringAndSize(supersedes, supersedes_length)};
+    if (record.state_key == NULL || record.entry == NULL ||
+        (supersedes != NULL && record.supersedes == NULL)) {
+        Py_XDECREF(record.state_key);
+        Py_XDECREF(record.entry);
+        Py_XDECREF(record.supersedes);
+        return -1;
+    }
+    if (fold->pending_count == 0) {
+        fold->pending_batch = fold->pending_low = fold->pending_high = batch;
+    }
+    fold->pending_low = batch < fold->pending_low ? batch : fold->pending_low;
+    fold->pending_high = batch > fold->pending_high ? batch : fold->pending_high;
+    fold->pending[fold->pending_count++] = record;
+    fold->held_pending += pending_kept(&record);
+    return 0;
+}
+
+/* 1 if writer `a` is below `b`, -1 above, 0 the same (compared as Writer orders them). */
+static int writer_compare(const long long a[3], const long long b[3]) {
+    for (int i = 0; i < 3; i++) {
+        if (a[i] != b[i]) {
+            return a[i] < b[i] ? -1 : 1;
+        }
+    }
+    return 0;
+}
+
+/* Folds one record (changelog.py's module documentation gives the rule). `value` is NULL for
+ * a tombstone and a delete; `supersedes` NULL for none. Returns 0, or -1 with an exception. */
+static int fold_record(Fold *fold, int kind, const long long writer[3], long long batch,
+                       long long offset, const char *key, Py_ssize_t key_length, const char *value,
+                       Py_ssize_t value_length, const char *supersedes,
+                       Py_ssize_t supersedes_length) {
+    if (offset + 1 > fold->read_to) {
+        fold->read_to = offset + 1;
+    }
+    fold->changed = 1;
+    if (kind == TOMBSTONE) {
+        return fold_reclaim(fold, key, key_length);
+    }
+    int compared = fold->has_writer ? writer_compare(writer, fold->writer) : 1;
+    if (compared < 0) { /* an older owner writing after a newer owner's marker */
+        fold->skipped++;
+        return 0;
+    }
+    if (compared > 0) { /* a new owner: W*'s batch never closed */
+        fold_clear_pending(fold);
+        fold->closed = -1;
+        memcpy(fold->writer, writer, sizeof(fold->writer));
+        fold->has_writer = 1;
+    }
+    fold->applied++;
+    if (batch == NO_BATCH || batch <= fold->closed) {
+        return 0;
+    }
+    if (fold->pending_count > 0 && fold->pending_batch < batch && fold_close(fold) < 0) {
+        return -1;
+    }
+    if (kind != CLOSE) {
+        return fold_pend(fold, batch, offset, key, key_length, value, value_length, supersedes,
+                         supersedes_length);
+    }
+    if (fold->pending_count > 0 && fold_close(fold) < 0) {
+        return -1;
+    }
+    fold->closed = batch;
+    PyObject *closer = PyBytes_FromStringAndSize(value == NULL ? "" : value, value_length);
+    if (closer != NULL) {
+        fold->held_changes += kept(closer);
+    }
+    if (append_new(fold->closers, closer) < 0) {
+        return -1;
+    }
+    if (supersedes == NULL) {
+        return 0;
+    }
+    PyObject *superseded = PyBytes_FromStringAndSize(supersedes, supersedes_length);
+    if (superseded == NULL) {
+        return -1;
+    }
+    int result = fold_supersede(fold, superseded);
+    Py_DECREF(superseded);
+    return result;
+}
+
+static int fold_init(Fold *fold, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"writer", "closed", "position", NULL};
+    PyObject *writer = Py_None;
+    long long closed = -1, position = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OLL:Fold", names, &writer, &closed,
+                                     &position)) {
+        return -1;
+    }
+    if (fold->entries != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "a Fold is initialized once");
+        return -1;
+    }
+    if (writer != Py_None &&
+        !PyArg_ParseTuple(writer, "LLL;a writer is (epoch, session, nonce)", &fold->writer[0],
+                          &fold->writer[1], &fold->writer[2])) {
+        return -1;
+    }
+    fold->has_writer = writer != Py_None;
+    fold->closed = closed;
+    fold->read_to = position;
+    return fold_new_changes(fold);
+}
+
+static int fold_ready(Fold *fold) {
+    if (fold->entries == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the Fold is not initialized");
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *fold_add(Fold *fold, PyObject *args) {
+    long long offset, writer[3];
+    int kind;
+    PyObject *batch, *supersedes;
+    const char *key, *value;
+    Py_ssize_t key_length, value_length;
+    if (!fold_ready(fold) ||
+        !PyArg_ParseTuple(args, "Li(LLL)Oy#z#O:add", &offset, &kind, &writer[0], &writer[1],
+                          &writer[2], &batch, &key, &key_length, &value, &value_length,
+                          &supersedes)) {
+        return NULL;
+    }
+    if (kind < MARKER || kind > TOMBSTONE) {
+        PyErr_Format(PyExc_ValueError, "no record kind %d", kind);
+        return NULL;
+    }
+    long long number = NO_BATCH;
+    if (batch != Py_None && ((number = PyLong_AsLongLong(batch)) == -1 && PyErr_Occurred())) {
+        return NULL;
+    }
+    if (supersedes != Py_None && !PyBytes_Check(supersedes)) {
+        PyErr_SetString(PyExc_TypeError, "the record key superseded is bytes or None");
+        return NULL;
+    }
+    const char *superseded = supersedes == Py_None ? NULL : PyBytes_AS_STRING(supersedes);
+    Py_ssize_t superseded_length = supersedes == Py_None ? 0 : PyBytes_GET_SIZE(supersedes);
+    if (kind == DELETE || kind == TOMBSTONE) {
+        value = NULL;
+        value_length = 0;
+    }
+    if (fold_record(fold, kind, writer, number, offset, key, key_length, value, value_length,
+                    superseded, superseded_length) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *fold_advance(Fold *fold, PyObject *arg) {
+    long long position = PyLong_AsLongLong(arg);
+    if (position == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (position > fold->read_to) {
+        fold->read_to = position;
+        fold->changed = 1;
+    }
+    Py_RETURN_NONE;
+}
+
+static long long fold_position(Fold *fold) {
+    return fold->pending_count > 0 ? fold->pending[0].offset : fold->read_to;
+}
+
+static PyObject *fold_writer_tuple(Fold *fold) {
+    if (!fold->has_writer) {
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("(LLL)", fold->writer[0], fold->writer[1], fold->writer[2]);
+}
+
+static PyObject *fold_take(Fold *fold, PyObject *unused) {
+    (void)unused;
+    if (!fold_ready(fold)) {
+        return NULL;
+    }
+    PyObject *writer = fold_writer_tuple(fold);
+    if (writer == NULL) {
+        return NULL;
+    }
+    PyObject *taken =
+        Py_BuildValue("(NNNNNLNL)", fold->entries, fold->reclaimed, fold->garbage,
+                      fold->collected, fold->closers, fold_position(fold), writer, fold->closed);
+    /* The tuple took the changes (N), or they are gone with it: new ones either way. */
+    fold->entries = fold->reclaimed = fold->garbage = fold->collected = fold->closers = NULL;
+    if (fold_new_changes(fold) < 0) {
+        Py_XDECREF(taken);
+        return NULL;
+    }
+    return taken;
+}
+
+static PyObject *fold_get_position(Fold *fold, void *unused) {
+    (void)unused;
+    return PyLong_FromLongLong(fold_position(fold));
+}
+
+static PyObject *fold_get_read_to(Fold *fold, void *unused) {
+    (void)unused;
+    return PyLong_FromLongLong(fold->read_to);
+}
+
+static PyObject *fold_get_held(Fold *fold, void *unused) {
+    (void)unused;
+    return PyLong_FromSsize_t(fold->held_changes + fold->held_pending);
+}
+
+static PyObject *fold_get_changed(Fold *fold, void *unused) {
+    (void)unused;
+    return PyBool_FromLong(fold->changed);
+}
+
+static PyObject *fold_get_writer(Fold *fold, void *unused) {
+    (void)unused;
+    return fold_writer_tuple(fold);
+}
+
+static PyObject *fold_get_closed(Fold *fold, void *unused) {
+    (void)unused;
+    return PyLong_FromLongLong(fold->closed);
+}
+
+static PyObject *fold_get_pending(Fold *fold, void *unused) {
+    (void)unused;
+    PyObject *offsets = PyList_New(fold->pending_count);
+    for (Py_ssize_t i = 0; offsets != NULL && i < fold->pending_count; i++) {
+        PyObject *offset = PyLong_FromLongLong(fold->pending[i].offset);
+        if (offset == NULL) {
+            Py_CLEAR(offsets);
+            break;
+        }
+        PyList_SET_ITEM(offsets, i, offset);
+    }
+    return offsets;
+}
+
+static PyObject *fold_get_applied(Fold *fold, void *unused) {
+    (void)unused;
+    return PyLong_FromLongLong(fold->applied);
+}
+
+static PyObject *fold_get_skipped(Fold *fold, void *unused) {
+    (void)unused;
+    return PyLong_FromLongLong(fold->skipped);
+}
+
+static PyMethodDef fold_methods[] = {
+    {"add", (PyCFunction)fold_add, METH_VARARGS,
+     "add(offset, kind, (epoch, session, nonce), batch, key, value, supersedes): fold one "
+     "record (kind: an index into changelog.KIND_CODES; batch, value, supersedes may be None)"},
+    {"advance", (PyCFunction)fold_advance, METH_O,
+     "advance(position): the partition is read up to `position` (past commit markers)"},
+    {"take", (PyCFunction)fold_take, METH_NOARGS,
+     "take() -> (entries, reclaimed, garbage, collected, closers, position, writer, closed): "
+     "the changes folded since the last take, and where the fold stands"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef fold_getset[] = {
+    {"position", (getter)fold_get_position, NULL,
+     "the offset to resume from: the open batch's first record, or read_to", NULL},
+    {"read_to", (getter)fold_get_read_to, NULL, "the offset after the last record read", NULL},
+    {"held", (getter)fold_get_held, NULL, "about the memory the changes not taken and the open batch hold", NULL},
+    {"changed", (getter)fold_get_changed, NULL, "whether anything changed since the last take",
+     NULL},
+    {"writer", (getter)fold_get_writer, NULL, "W*, (epoch, session, nonce), or None", NULL},
+    {"closed", (getter)fold_get_closed, NULL, "the batch W* last closed (-1: none)", NULL},
+    {"pending", (getter)fold_get_pending, NULL, "the offsets of W*'s open batch's records",
+     NULL},
+    {"applied", (getter)fold_get_applied, NULL, "records of W* or a newer writer, so far", NULL},
+    {"skipped", (getter)fold_get_skipped, NULL, "records of an older writer ignored, so far",
+     NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject FoldType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "smoothscale.runtime._changelog.Fold",
+    .tp_doc = "Fold(writer=None, closed=-1, position=0): the fold of one changelog partition, "
+              "from a store's W*, closed batch and position.",
+    .tp_basicsize = sizeof(Fold),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)fold_init,
+    .tp_dealloc = (destructor)fold_dealloc,
+    .tp_methods = fold_methods,
+    .tp_getset = fold_getset,
+};
 
 /* The restore's own librdkafka consumer: a capsule holding its handle (NULL once closed). */
 #define CAPSULE "smoothscale.restore-consumer"
@@ -666,6 +1149,24 @@ static PyObject *refresh_metadata(PyObject *module, PyObject *args) {
     return PyLong_FromLong(error);
 }
 
+/* Ends a read() waiting for messages on another thread at once (it returns what it has), or
+ * the next one if none is waiting. Nothing on a closed consumer. */
+static PyObject *wake(PyObject *module, PyObject *consumer) {
+    (void)module;
+    rd_kafka_t **rk = PyCapsule_GetPointer(consumer, CAPSULE);
+    if (rk == NULL) {
+        return NULL;
+    }
+    if (*rk != NULL) {
+        rd_kafka_queue_t *queue = rdk.queue_get_consumer(*rk);
+        if (queue != NULL) {
+            rdk.queue_yield(queue);
+            rdk.queue_destroy(queue);
+        }
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *close_consumer(PyObject *module, PyObject *consumer) {
     (void)module;
     rd_kafka_t **rk = PyCapsule_GetPointer(consumer, CAPSULE);
@@ -683,12 +1184,142 @@ static PyObject *close_consumer(PyObject *module, PyObject *consumer) {
     Py_RETURN_NONE;
 }
 
-static PyObject *read_runs(PyObject *module, PyObject *args) {
+/* Per partition a read meets: its fold (a new reference; NULL: no fold, its records are not
+ * read), whether it failed in this read (the slow path refused a record), and records read. */
+typedef struct {
+    const rd_kafka_topic_t *topic;
+    int32_t partition;
+    Fold *fold;
+    int failed;
+    long long count;
+} Slot;
+
+typedef struct {
+    Slot *slots;
+    Py_ssize_t count, capacity;
+} Slots;
+
+/* The slot of a message's partition, looked up in `folds` ((topic, partition) -> Fold) the
+ * first time; NULL with an exception set. */
+static Slot *slot_of(Slots *slots, PyObject *folds, Names *names,
+                     const rd_kafka_message_t *message) {
+    for (Py_ssize_t i = 0; i < slots->count; i++) {
+        Slot *slot = &slots->slots[i];
+        if (slot->topic == message->rkt && slot->partition == message->partition) {
+            return slot;
+        }
+    }
+    if (slots->count == slots->capacity) {
+        Py_ssize_t capacity = slots->capacity < 16 ? 16 : 2 * slots->capacity;
+        Slot *grown = PyMem_Realloc(slots->slots, sizeof(Slot) * (size_t)capacity);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        slots->slots = grown;
+        slots->capacity = capacity;
+    }
+    PyObject *topic = name_of(names, message->rkt);
+    if (topic == NULL) {
+        return NULL;
+    }
+    PyObject *key = Py_BuildValue("(Oi)", topic, (int)message->partition);
+    if (key == NULL) {
+        return NULL;
+    }
+    PyObject *fold = PyDict_GetItemWithError(folds, key); /* borrowed */
+    Py_DECREF(key);
+    if (fold == NULL && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (fold != NULL && !PyObject_TypeCheck(fold, &FoldType)) {
+        PyErr_SetString(PyExc_TypeError, "read() takes a dict of (topic, partition) -> Fold");
+        return NULL;
+    }
+    Slot *slot = &slots->slots[slots->count++];
+    *slot = (Slot){message->rkt, message->partition, (Fold *)Py_XNewRef(fold), 0, 0};
+    return slot;
+}
+
+/* Folds one message into its partition's fold, or appends it to `errors` (an error event).
+ * Returns 0, or -1 with an exception set. */
+static int read_message(const rd_kafka_message_t *message, PyObject *folds, PyObject *slow,
+                        PyObject *errors, Slots *slots, Names *names) {
+    if (message->err != 0) {
+        PyObject *topic = message->rkt == NULL ? Py_None : name_of(names, message->rkt);
+        if (topic == NULL) {
+            return -1;
+        }
+        return append_new(errors, Py_BuildValue("(Oiis)", topic, (int)message->partition,
+                                                message->err, rdk.err2str(message->err)));
+    }
+    Slot *slot = slot_of(slots, folds, names, message);
+    if (slot == NULL) {
+        return -1;
+    }
+    if (slot->fold == NULL || slot->failed) {
+        return 0;
+    }
+    slot->count++;
+    rd_kafka_headers_t *headers = NULL;
+    if (rdk.message_headers(message, &headers) != 0) {
+        headers = NULL;
+    }
+    Record record = {0, NULL, 0, NO_BATCH, NULL, 0};
+    long long writer[3];
+    const char *key = message->key;
+    Py_ssize_t key_length = (Py_ssize_t)message->key_len;
+    int fast = 0;
+    if (key != NULL) {
+        if (message->payload == NULL) {
+            record.kind = TOMBSTONE;
+            fast = 1;
+        } else {
+            fast = read_key(key, key_length, message->len == 0, &record);
+        }
+        fast = fast && read_headers(headers, &record) &&
+               writer_numbers(record.writer, record.writer_length, writer);
+    }
+    if (fast) {
+        int valued = record.kind != TOMBSTONE && record.kind != DELETE;
+        return fold_record(slot->fold, record.kind, writer, record.batch, message->offset, key,
+                           key_length, valued ? message->payload : NULL,
+                           valued ? (Py_ssize_t)message->len : 0, record.supersedes,
+                           record.supersedes_length);
+    }
+    PyObject *topic = name_of(names, message->rkt);
+    if (topic == NULL) {
+        return -1;
+    }
+    PyObject *read = PyObject_CallFunction(
+        slow, "OOi(LNNN)", (PyObject *)slot->fold, topic, (int)message->partition,
+        (long long)message->offset, bytes_or_none(key, key_length),
+        bytes_or_none(message->payload, message->len), headers_of(headers));
+    if (read == NULL) {
+        return -1;
+    }
+    int kept = PyObject_IsTrue(read);
+    Py_DECREF(read);
+    if (kept < 0) {
+        return -1;
+    }
+    if (!kept) { /* the task failed: none of its records is read any more */
+        for (Py_ssize_t i = 0; i < slots->count; i++) {
+            if (slots->slots[i].partition == message->partition) {
+                slots->slots[i].failed = 1;
+            }
+        }
+    }
+    return 0;
+}
+
+static PyObject *read_folded(PyObject *module, PyObject *args) {
     (void)module;
-    PyObject *consumer;
+    PyObject *consumer, *folds, *slow;
     Py_ssize_t count;
     double timeout;
-    if (!PyArg_ParseTuple(args, "Ond:read", &consumer, &count, &timeout)) {
+    if (!PyArg_ParseTuple(args, "OndO!O:read", &consumer, &count, &timeout, &PyDict_Type, &folds,
+                          &slow)) {
         return NULL;
     }
     if (count < 1) {
@@ -717,133 +1348,39 @@ static PyObject *read_runs(PyObject *module, PyObject *args) {
         PyErr_SetString(PyExc_RuntimeError, "librdkafka could not consume (no consumer queue)");
         return NULL;
     }
-    PyObject *items = PyList_New(0), *run = NULL;
+    PyObject *errors = PyList_New(0), *counts = PyDict_New();
+    int failed = errors == NULL || counts == NULL;
     Names names = {.count = 0};
+    Slots slots = {NULL, 0, 0};
     for (ssize_t i = 0; i < consumed; i++) {
-        if (items != NULL && read_message(messages[i], items, &run, &names) < 0) {
-            Py_CLEAR(items);
-        }
+        failed = failed || read_message(messages[i], folds, slow, errors, &slots, &names) < 0;
         rdk.message_destroy(messages[i]);
     }
+    for (Py_ssize_t i = 0; i < slots.count; i++) {
+        Slot *slot = &slots.slots[i];
+        if (!failed && slot->count > 0) {
+            PyObject *task = PyLong_FromLong(slot->partition);
+            PyObject *before = task == NULL ? NULL : PyDict_GetItemWithError(counts, task);
+            long long total = slot->count + (before == NULL ? 0 : PyLong_AsLongLong(before));
+            PyObject *sum = PyLong_FromLongLong(total);
+            failed = task == NULL || sum == NULL || PyErr_Occurred() != NULL ||
+                     PyDict_SetItem(counts, task, sum) < 0;
+            Py_XDECREF(task);
+            Py_XDECREF(sum);
+        }
+        Py_XDECREF(slot->fold);
+    }
+    PyMem_Free(slots.slots);
     for (int i = 0; i < names.count; i++) {
         Py_DECREF(names.names[i]);
     }
     PyMem_Free(messages);
-    if (items == NULL) {
+    if (failed) {
+        Py_XDECREF(errors);
+        Py_XDECREF(counts);
         return NULL;
     }
-    return Py_BuildValue("(nN)", (Py_ssize_t)consumed, items);
-}
-
-/* The fold's per-record work on the store's entries (smoothscale.runtime.store.entry defines
- * them): a record key's length (4 bytes, big-endian; the top bit set for a delete), the record
- * key, and the value. */
-#define DELETED 0x80000000u
-
-static PyObject *entry_of(PyObject *record_key, PyObject *value) {
-    if (!PyBytes_Check(record_key) || (value != Py_None && !PyBytes_Check(value))) {
-        PyErr_SetString(PyExc_TypeError, "an entry's record key and value are bytes");
-        return NULL;
-    }
-    Py_ssize_t key_length = PyBytes_GET_SIZE(record_key);
-    Py_ssize_t value_length = value == Py_None ? 0 : PyBytes_GET_SIZE(value);
-    if (key_length >= (Py_ssize_t)DELETED) {
-        PyErr_SetString(PyExc_ValueError, "a record key of 2 GiB or more");
-        return NULL;
-    }
-    PyObject *made = PyBytes_FromStringAndSize(NULL, 4 + key_length + value_length);
-    if (made == NULL) {
-        return NULL;
-    }
-    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(made);
-    uint32_t head = (uint32_t)key_length | (value == Py_None ? DELETED : 0);
-    out[0] = (unsigned char)(head >> 24);
-    out[1] = (unsigned char)(head >> 16);
-    out[2] = (unsigned char)(head >> 8);
-    out[3] = (unsigned char)head;
-    memcpy(out + 4, PyBytes_AS_STRING(record_key), (size_t)key_length);
-    if (value_length > 0) {
-        memcpy(out + 4 + key_length, PyBytes_AS_STRING(value), (size_t)value_length);
-    }
-    return made;
-}
-
-static PyObject *entries(PyObject *module, PyObject *args) {
-    (void)module;
-    PyObject *keys, *values;
-    if (!PyArg_ParseTuple(args, "O!O:entries", &PyList_Type, &keys, &values)) {
-        return NULL;
-    }
-    Py_ssize_t count = PyList_GET_SIZE(keys);
-    if (values != Py_None && (!PyList_Check(values) || PyList_GET_SIZE(values) != count)) {
-        PyErr_SetString(PyExc_TypeError, "entries() takes a list of values as long as the keys");
-        return NULL;
-    }
-    PyObject *made = PyList_New(count);
-    for (Py_ssize_t i = 0; made != NULL && i < count; i++) {
-        PyObject *value = values == Py_None ? Py_None : PyList_GET_ITEM(values, i);
-        PyObject *entry = entry_of(PyList_GET_ITEM(keys, i), value);
-        if (entry == NULL) {
-            Py_CLEAR(made);
-        } else {
-            PyList_SET_ITEM(made, i, entry);
-        }
-    }
-    return made;
-}
-
-/* Whether `entry` (bytes) is one of the record `record_key` (bytes). */
-static int entry_is_of(PyObject *entry, PyObject *record_key) {
-    Py_ssize_t size = PyBytes_GET_SIZE(entry), key_length = PyBytes_GET_SIZE(record_key);
-    if (size < 4) {
-        return 0;
-    }
-    const unsigned char *in = (const unsigned char *)PyBytes_AS_STRING(entry);
-    uint32_t head = ((uint32_t)in[0] << 24) | ((uint32_t)in[1] << 16) | ((uint32_t)in[2] << 8) |
-                    (uint32_t)in[3];
-    Py_ssize_t length = (Py_ssize_t)(head & ~DELETED);
-    return length == key_length && size >= 4 + length &&
-           memcmp(in + 4, PyBytes_AS_STRING(record_key), (size_t)length) == 0;
-}
-
-static PyObject *forget_reclaimed(PyObject *module, PyObject *args) {
-    (void)module;
-    PyObject *changed, *keys, *state_keys;
-    if (!PyArg_ParseTuple(args, "O!O!O!:forget_reclaimed", &PyDict_Type, &changed, &PyList_Type,
-                          &keys, &PyList_Type, &state_keys)) {
-        return NULL;
-    }
-    Py_ssize_t count = PyList_GET_SIZE(keys);
-    if (PyList_GET_SIZE(state_keys) != count) {
-        PyErr_SetString(PyExc_ValueError, "forget_reclaimed() takes a state key per record key");
-        return NULL;
-    }
-    PyObject *elsewhere = PyList_New(0);
-    for (Py_ssize_t i = 0; elsewhere != NULL && i < count; i++) {
-        PyObject *state_key = PyList_GET_ITEM(state_keys, i);
-        if (state_key == Py_None) {
-            continue;
-        }
-        PyObject *current = PyDict_GetItemWithError(changed, state_key); /* borrowed */
-        if (current == NULL) {
-            if (PyErr_Occurred() || append_new(elsewhere, PyLong_FromSsize_t(i)) < 0) {
-                Py_CLEAR(elsewhere);
-            }
-            continue;
-        }
-        PyObject *record_key = PyList_GET_ITEM(keys, i);
-        if (current == Py_None) {
-            continue;
-        }
-        if (!PyBytes_Check(current) || !PyBytes_Check(record_key)) {
-            PyErr_SetString(PyExc_TypeError, "entries and record keys are bytes");
-            Py_CLEAR(elsewhere);
-        } else if (entry_is_of(current, record_key) &&
-                   PyDict_SetItem(changed, state_key, Py_None) < 0) {
-            Py_CLEAR(elsewhere);
-        }
-    }
-    return elsewhere;
+    return Py_BuildValue("(nNN)", (Py_ssize_t)consumed, counts, errors);
 }
 
 static PyMethodDef methods[] = {
@@ -857,13 +1394,16 @@ static PyMethodDef methods[] = {
     {"refresh_metadata", refresh_metadata, METH_VARARGS,
      "refresh_metadata(consumer, topic, timeout) -> error code"},
     {"close", close_consumer, METH_O, "close(consumer)"},
-    {"read", read_runs, METH_VARARGS,
-     "read(consumer, count, timeout) -> (messages consumed, items): consume up to `count` "
-     "changelog messages, waiting at most `timeout` seconds, and read them into runs (see the "
-     "module's documentation)."},
-    {"entries", entries, METH_VARARGS,
-     "entries(record_keys, values) -> the store's entries of these records (values None: of "
-     "deletes), as smoothscale.runtime.store.entry makes them."},
+    {"wake", wake, METH_O,
+     "wake(consumer): a read() waiting for messages on another thread returns at once (or the "
+     "next one, if none is waiting)"},
+    {"read", read_folded, METH_VARARGS,
+     "read(consumer, count, timeout, folds, slow) -> (messages consumed, {task: records read}, "
+     "[(topic, partition, error code, text)]): consume up to `count` changelog messages, "
+     "waiting at most `timeout` seconds, and fold each into its partition's Fold (`folds`: "
+     "(topic, partition) -> Fold; a partition without one is not read). A record the fast path "
+     "does not read goes to slow(fold, topic, partition, (offset, key, value, headers)), which "
+     "folds it and returns True, or returns False: the partition's task failed."},
     {"forget_reclaimed", forget_reclaimed, METH_VARARGS,
      "forget_reclaimed(entries, record_keys, state_keys) -> indexes: the tombstones of "
      "record_keys (each of state_keys, None for no state key) set to None the keys of `entries` "
@@ -874,8 +1414,8 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_changelog",
-    "The restore's per-record work in C: consuming changelog records, splitting them into "
-    "runs, and making and reclaiming the store's entries.",
+    "The restore's per-record work in C: consuming changelog records and folding them into "
+    "the changes to write to a task's store.",
     -1, methods, NULL, NULL, NULL, NULL,
 };
 
@@ -914,6 +1454,7 @@ static int load_librdkafka(const char *path) {
         {(void **)&rdk.destroy, "rd_kafka_destroy"},
         {(void **)&rdk.queue_get_consumer, "rd_kafka_queue_get_consumer"},
         {(void **)&rdk.queue_destroy, "rd_kafka_queue_destroy"},
+        {(void **)&rdk.queue_yield, "rd_kafka_queue_yield"},
         {(void **)&rdk.consume_batch_queue, "rd_kafka_consume_batch_queue"},
         {(void **)&rdk.message_destroy, "rd_kafka_message_destroy"},
         {(void **)&rdk.topic_name, "rd_kafka_topic_name"},
@@ -950,5 +1491,12 @@ PyMODINIT_FUNC PyInit__changelog(void) {
         }
         return NULL;
     }
-    return PyModule_Create(&module);
+    if (PyType_Ready(&FoldType) < 0) {
+        return NULL;
+    }
+    PyObject *made = PyModule_Create(&module);
+    if (made != NULL && PyModule_AddObjectRef(made, "Fold", (PyObject *)&FoldType) < 0) {
+        Py_CLEAR(made);
+    }
+    return made;
 }

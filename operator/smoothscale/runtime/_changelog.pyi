@@ -1,21 +1,60 @@
 """The restore's per-record work in C (_changelog.c says what it reads and how)."""
 
+from collections.abc import Callable
 from typing import Any
 
-Item = tuple[
-    Any,  # topic (str; None for an error event of no topic)
-    int,  # partition
-    int,  # kind: an index into changelog.KIND_CODES, or SLOW or ERROR (changelog.py)
-    Any,  # the writer's text (bytes); SLOW: (offset, key, value, headers); ERROR: (code, text)
-    int | None,  # batch
-    list[int] | None,  # offsets
-    list[bytes] | None,  # keys
-    list[bytes | None] | None,  # values
-    list[bytes | None] | None,  # the record keys superseded
-    list[bytes | None] | None,  # state keys
-]
-
 class Handle: ...  # a capsule holding the restore's librdkafka consumer
+
+class Fold:
+    """The fold of one changelog partition (changelog.py gives the rule)."""
+
+    def __init__(
+        self, writer: tuple[int, int, int] | None = None, closed: int = -1, position: int = 0
+    ) -> None: ...
+    def add(
+        self,
+        offset: int,
+        kind: int,
+        writer: tuple[int, int, int],
+        batch: int | None,
+        key: bytes,
+        value: bytes | None,
+        supersedes: bytes | None,
+    ) -> None: ...
+    def advance(self, position: int) -> None: ...
+    def take(
+        self,
+    ) -> tuple[
+        dict[bytes, bytes | None],  # state key -> entry, or None to forget it
+        dict[bytes, set[bytes]],  # state key -> record keys tombstoned
+        set[bytes],  # garbage: record keys superseded
+        set[bytes],  # collected: record keys tombstoned, out of the stored garbage set
+        list[bytes],  # the values of the closers applied, in order
+        int,  # the position to resume from
+        tuple[int, int, int] | None,  # W*
+        int,  # the batch W* last closed
+    ]: ...
+    @property
+    def position(self) -> int: ...
+    @property
+    def read_to(self) -> int: ...
+    @property
+    def held(self) -> int: ...
+    @property
+    def changed(self) -> bool: ...
+    @property
+    def writer(self) -> tuple[int, int, int] | None: ...
+    @property
+    def closed(self) -> int: ...
+    @property
+    def pending(self) -> list[int]: ...
+    @property
+    def applied(self) -> int: ...
+    @property
+    def skipped(self) -> int: ...
+
+Slow = Callable[[Fold, str, int, tuple[int, bytes | None, bytes | None, Any]], bool]
+"""slow(fold, topic, partition, (offset, key, value, headers)) -> whether the record was folded."""
 
 def open_consumer(settings: dict[str, str]) -> Handle: ...
 def assign(consumer: Handle, partitions: list[tuple[str, int, int]], add: bool) -> None: ...
@@ -26,8 +65,14 @@ def query_watermarks(
 ) -> tuple[int, int, int]: ...
 def refresh_metadata(consumer: Handle, topic: str, timeout: float) -> int: ...
 def close(consumer: Handle) -> None: ...
-def read(consumer: Handle, count: int, timeout: float) -> tuple[int, list[Item]]: ...
-def entries(record_keys: list[bytes], values: list[bytes] | None) -> list[bytes]: ...
+def wake(consumer: Handle) -> None: ...
+def read(
+    consumer: Handle,
+    count: int,
+    timeout: float,
+    folds: dict[tuple[str, int], Fold],
+    slow: Slow,
+) -> tuple[int, dict[int, int], list[tuple[str | None, int, int, str]]]: ...
 def forget_reclaimed(
     entries: dict[bytes, bytes | None], record_keys: list[bytes], state_keys: list[bytes | None]
 ) -> list[int]: ...

@@ -21,23 +21,39 @@ five headers a record was most of its cost; records of earlier releases, which a
 `smoothscale.kind`, `smoothscale.epoch` and `smoothscale.batch`, read the same.
 
 Changelogs are written only by smoothscale: a record whose key is not one of these is an error.
-The restore reads records in runs (`Run`: consecutive records of one kind, writer and batch),
-split by the C module `_changelog` and applied by `fold_runs`.
+
+A restore folds a partition's records, in offset order, into the changes to write to the store
+(`Fold`, in the C module `_changelog`, one per partition; `_changelog.read` feeds it straight
+from librdkafka's messages, `add_record` a parsed record):
+
+1. A tombstone takes its record key out of the garbage set. It changes state only for a reader
+   of a compacted log that missed what superseded the record (a reclaimed delete, or a record
+   read before compaction removed its successors): a key whose entry is still that record is
+   forgotten, and a pending record it reclaims is dropped. On the full log neither happens: a
+   record is tombstoned only after its successor counts.
+2. A record of a writer below W* (the highest writer seen) is skipped: an older owner writing
+   after a newer owner's marker.
+3. A record of a writer above W* drops W*'s pending batch (never closed) and becomes W*.
+4. W*'s batch takes effect only as a whole, when a closer of it or any record of a later batch
+   of W* arrives (a writer commits its batches in order and stops at its first failed
+   transaction, so a later batch proves the earlier one committed). Its records then apply at
+   once, with the closer's input position when the closer is there.
+
+The fold's changes hold the new W*, its closed batch and the position to resume from (the first
+pending record's offset, or the offset after the last record read); the pending batch stays in
+the fold. `take` moves the changes folded so far into a `StateChanges`: folding many chunks
+before taking lets a key updated many times reach the store once.
 """
 
 import functools
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
-from smoothscale.runtime._changelog import entries as run_entries
-from smoothscale.runtime.store import StateChanges
+from smoothscale.runtime._changelog import Fold
+from smoothscale.runtime.store import StateChanges, TaskState
 from smoothscale.runtime.writer import Writer
-
-if TYPE_CHECKING:
-    from smoothscale.runtime._changelog import Item
 
 WRITER_HEADER = "smoothscale.writer"
 SUPERSEDES_HEADER = "smoothscale.supersedes"
@@ -63,9 +79,10 @@ KIND_CODES = (
     RecordKind.DELETE,
     RecordKind.TOMBSTONE,
 )
-"""The kinds by the numbers `_changelog.read` gives them."""
-# The kinds a restore tests every run against, as plain names: looking a member up on the
-# enum class costs a Python-level attribute lookup each time.
+"""The kinds by the numbers `Fold` takes them."""
+_KIND_CODE = {kind: code for code, kind in enumerate(KIND_CODES)}
+# The kinds as plain names: looking a member up on the enum class costs a Python-level
+# attribute lookup each time (a batch builds thousands of records).
 _TOMBSTONE, _CLOSE, _DATA = RecordKind.TOMBSTONE, RecordKind.CLOSE, RecordKind.DATA
 _DELETE, _MARKER = RecordKind.DELETE, RecordKind.MARKER
 _ONLY_SMOOTHSCALE = (
@@ -194,7 +211,8 @@ def parse_record(
     (name, bytes) pairs; a dict, or text values, are read too).
 
     This is the definition of the format; the restore reads the same records faster with
-    `_changelog.read`, which leaves every record it does not read the same way to this."""
+    `_changelog.read`, which leaves every record it does not read the same way to this (and
+    `add_record`)."""
     if key is None:
         raise ChangelogFormatError("a changelog record without a key")
     fields = dict(headers) if headers else {}
@@ -251,8 +269,7 @@ def _writer_and_batch(suffix: bytes, batched: bool) -> tuple[Writer, int | None]
 @functools.lru_cache(maxsize=1024)
 def _writer(header: bytes | str) -> Writer:
     """The writer a record key or header names. A changelog holds few writers (one per
-    activation) and a restore reads them on every run: parsed once each. The same object each
-    time, so the fold compares a run's writer with the highest one by identity first."""
+    activation) and parse_record reads one a record: each parsed once."""
     return Writer.parse(header.decode() if isinstance(header, bytes) else header)
 
 
@@ -260,203 +277,51 @@ Positioned = tuple[int, ChangelogRecord]
 """A changelog record with its offset."""
 
 
-class Run(NamedTuple):
-    """Consecutive records of one changelog partition of one kind, writer and batch, in offset
-    order: what a restore reads at once. A batch's records come in one run, and the fold
-    applies a run in bulk; each list holds one entry per record."""
+def resume(state: TaskState, store: str) -> Fold:
+    """The fold of `store`'s changelog partition that goes on from where the task's stored
+    state stands (its W*, the batch W* closed, and its restore position)."""
+    writer = state.writer(store)
+    return Fold(
+        None if writer is None else (writer.epoch, writer.session, writer.nonce),
+        state.closed_batch(store),
+        state.position(store),
+    )
 
-    kind: RecordKind
-    writer: Writer
-    batch: int | None
-    offsets: list[int]
-    keys: list[bytes]
-    values: list[bytes | None]
-    supersedes: list[bytes | None]
-    state_keys: list[bytes | None]
-    """Each record key's state key (`state_key_of`), None for a record key of no state key."""
 
-    def without(self, record_keys: set[bytes]) -> "Run":
-        """This run less the records whose key is in `record_keys`."""
-        kept = [i for i, key in enumerate(self.keys) if key not in record_keys]
-        if len(kept) == len(self.keys):
-            return self
-        return self._replace(
-            offsets=[self.offsets[i] for i in kept],
-            keys=[self.keys[i] for i in kept],
-            values=[self.values[i] for i in kept],
-            supersedes=[self.supersedes[i] for i in kept],
-            state_keys=[self.state_keys[i] for i in kept],
+def add_record(fold: Fold, offset: int, record: ChangelogRecord) -> None:
+    """Fold `record`, at `offset` of the fold's partition. A writer or batch out of the fold's
+    range (64-bit numbers: smoothscale's writers are far inside it) is a format error."""
+    kind, writer, key, value, batch, supersedes = record
+    try:
+        fold.add(
+            offset,
+            _KIND_CODE[kind],
+            (writer.epoch, writer.session, writer.nonce),
+            batch,
+            key,
+            value,
+            supersedes,
         )
+    except OverflowError as error:
+        raise ChangelogFormatError(
+            f"a {kind} record {key!r} whose writer {writer} or batch {batch} is out of range "
+            f"(64-bit numbers): {_ONLY_SMOOTHSCALE}"
+        ) from error
 
 
-SLOW = -1
-"""The kind `_changelog.read` gives a record it leaves to `parse_record`: its item holds
-(offset, key, value, headers)."""
-ERROR = -2
-"""The kind `_changelog.read` gives an error event: its item holds (code, text)."""
-
-
-def run_of(item: "Item") -> Run:
-    """The run an item of `_changelog.read` holds (not a SLOW or ERROR one)."""
-    kind, writer, batch = item[2], item[3], item[4]
-    return Run(KIND_CODES[kind], _writer(writer), batch, *cast(_Columns, item[5:]))
-
-
-_Columns = tuple[list[int], list[bytes], list[bytes | None], list[bytes | None], list[bytes | None]]
-
-
-def runs_of(records: Iterable[Positioned]) -> list[Run]:
-    """`records` (in offset order) as runs."""
-    found: list[Run] = []
-    for offset, record in records:
-        kind, writer, key, value, batch, supersedes = record
-        last = found[-1] if found else None
-        if last is None or (last.kind, last.writer, last.batch) != (kind, writer, batch):
-            last = Run(kind, writer, batch, [], [], [], [], [])
-            found.append(last)
-        last.offsets.append(offset)
-        last.keys.append(key)
-        last.values.append(value)
-        last.supersedes.append(supersedes)
-        last.state_keys.append(state_key_of(key))
-    return found
-
-
-@dataclass
-class Cursor:
-    """Where the fold of one changelog partition stands."""
-
-    writer: Writer | None = None
-    """The highest writer seen (W*)."""
-    closed: int = -1
-    """The batch W* last closed."""
-    pending: list[Run] = field(default_factory=list)
-    """The data and delete records of W*'s batch not closed yet, in order."""
-
-
-@dataclass
-class RestoreOutcome:
-    changes: StateChanges
-    cursor: Cursor
-    applied: int = 0
-    skipped: int = 0
-    """Records ignored because a higher writer had already written."""
-
-
-def fold(
-    store: str,
-    records: Iterable[Positioned],
-    cursor: Cursor,
-    next_position: int,
-    into: StateChanges | None = None,
-) -> RestoreOutcome:
-    """`fold_runs` of `records` (in offset order)."""
-    return fold_runs(store, runs_of(records), cursor, next_position, into)
-
-
-def fold_runs(
-    store: str,
-    runs: Iterable[Run],
-    cursor: Cursor,
-    next_position: int,
-    into: StateChanges | None = None,
-) -> RestoreOutcome:
-    """The state changes that `store`'s changelog records make, read in runs, in offset order.
-
-    1. A tombstone takes its record key out of the garbage set. It changes state only for a
-       reader of a compacted log that missed what superseded the record (a reclaimed delete,
-       or a record read before compaction removed its successors): a key whose entry is
-       still that record is forgotten, and a pending record it reclaims is dropped. On the
-       full log neither happens: a record is tombstoned only after its successor counts.
-    2. A record of a writer below W* (the highest writer seen) is skipped: an older owner
-       writing after a newer owner's marker.
-    3. A record of a writer above W* drops W*'s pending batch (never closed) and becomes W*.
-    4. W*'s batch takes effect only as a whole, when a closer of it or any record of a later
-       batch of W* arrives (a writer commits its batches in order and stops at its first
-       failed transaction, so a later batch proves the earlier one committed). Its records
-       then apply at once, with the closer's input position when the closer is there.
-
-    Every record of a run has the same kind, writer and batch, so what the rules decide for
-    its first record holds for the rest: the rules run once a run, and its records apply in
-    bulk. `cursor` is where the previous call stopped, `next_position` the changelog offset
-    after these runs. The outcome's changes hold the new W*, its closed batch and the
-    position to resume from (the first pending record's offset, or `next_position`); its
-    cursor, the pending batch for the next call.
-
-    With `into`, the changes are added to it: changes not yet written that the previous calls
-    made (applied one after the other, as if these runs had come in the same call).
-    """
-    changes = StateChanges() if into is None else into
-    entries = changes.entries.setdefault(store, {})
-    garbage = changes.garbage.setdefault(store, set())
-    pending = list(cursor.pending)
-    highest, closed = cursor.writer, cursor.closed
-    applied = skipped = 0
-
-    def close() -> None:
-        """Apply the pending batch: each data record sets its key, each delete keeps a
-        deleted entry, and every record key they supersede is garbage."""
-        nonlocal closed
-        superseded: set[bytes | None] = set()
-        for run in pending:
-            # The store's entries (`store.entry`), made in C: one bytes object a record.
-            values = cast(list[bytes], run.values) if run.kind is _DATA else None
-            made = run_entries(run.keys, values)
-            entries.update(zip(cast(list[bytes], run.state_keys), made, strict=True))
-            superseded.update(run.supersedes)
-        superseded.discard(None)  # of records that supersede nothing
-        reclaimable = cast(set[bytes], superseded)
-        collected = changes.collected.get(store)
-        if collected:
-            collected -= reclaimable
-        garbage.update(reclaimable)
-        closed = _open_batch(pending)
-        pending.clear()
-
-    for run in runs:
-        kind, writer, batch = run.kind, run.writer, run.batch
-        if kind is _TOMBSTONE:
-            changes.reclaim(store, run.keys, run.state_keys)
-            if pending:
-                reclaimed = set(run.keys)
-                pending[:] = [kept for held in pending if (kept := held.without(reclaimed)).keys]
-            continue
-        if writer is not highest:  # most runs are W*'s own: compared by identity
-            if highest is not None and writer < highest:
-                skipped += len(run.keys)
-                continue
-            if highest is None or writer > highest:
-                pending.clear()
-                closed = -1
-            highest = writer
-        applied += len(run.keys)
-        if batch is None or batch <= closed:
-            continue
-        if pending and _open_batch(pending) < batch:
-            close()
-        if kind is _CLOSE:
-            # The first closer of the run closes the batch; any other is of a batch closed.
-            if pending:
-                close()
-            closed = batch
-            positions = json.loads(run.values[0] or b"")["input"]
-            changes.input_positions.update({t: int(p) for t, p in positions.items()})
-            if run.supersedes[0] is not None:
-                changes.supersede(store, run.supersedes[0])
-        else:
-            pending.append(run)
-    position = pending[0].offsets[0] if pending else next_position
-    changes.positions[store] = position
-    changes.verified[store] = position
-    if highest is not None:
-        changes.writers[store] = highest
-        changes.closed_batches[store] = closed
-    return RestoreOutcome(changes, Cursor(highest, closed, pending), applied, skipped)
-
-
-def _open_batch(pending: list[Run]) -> int:
-    """The batch of the pending records (a data or delete run always has one)."""
-    batch = pending[0].batch
-    if batch is None:
-        raise ValueError(f"a pending {pending[0].kind} run without a batch")
-    return batch
+def take(fold: Fold, store: str, into: StateChanges) -> None:
+    """Move the changes `fold` (of `store`'s changelog partition) made since it was last taken
+    into `into`, with the position to resume from, W* and its closed batch."""
+    entries, reclaimed, garbage, collected, closers, position, writer, closed = fold.take()
+    into.entries[store] = entries
+    into.reclaimed[store] = reclaimed
+    into.garbage[store] = garbage
+    into.collected[store] = collected
+    for value in closers:
+        positions = json.loads(value)["input"]
+        into.input_positions.update({topic: int(p) for topic, p in positions.items()})
+    into.positions[store] = position
+    into.verified[store] = position
+    if writer is not None:
+        into.writers[store] = Writer(*writer)
+        into.closed_batches[store] = closed

@@ -1,8 +1,9 @@
 """Restoring task state from the changelog: the background loop, and a one-off catch-up.
 
-A plain confluent-kafka consumer (read_committed, assign() only, never commits) reads each
-task's changelog partitions from the restore position kept in the task's local store and
-applies the records with `changelog.fold`. The restore position is the consumer's position(),
+The restore's own librdkafka consumer (read_committed, assign() only, never commits) reads each
+task's changelog partitions from the restore position kept in the task's local store, and one
+`changelog.Fold` per partition folds the records into the changes written to the store. The
+restore position is the consumer's position(),
 not the last record's offset + 1: transaction commit markers take offsets but are never
 delivered, so "last offset + 1" would stop short of the end forever.
 
@@ -16,7 +17,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -24,36 +24,29 @@ from smoothscale.kafka import names
 from smoothscale.kafka.following import FOLLOWER_SETTINGS
 from smoothscale.kafka.watermarks import WatermarkClient, watermarks
 from smoothscale.runtime import _changelog
-from smoothscale.runtime._changelog import read
+from smoothscale.runtime._changelog import Fold, read
 from smoothscale.runtime.changelog import (
-    ERROR,
     ChangelogFormatError,
-    Cursor,
-    RecordKind,
-    Run,
-    fold_runs,
+    MessageHeaders,
+    add_record,
     parse_record,
-    run_of,
-    runs_of,
+    resume,
+    take,
 )
 from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.store import StateChanges, TaskState
 from smoothscale.tasks import TaskId
 
-if TYPE_CHECKING:
-    from smoothscale.runtime._changelog import Item
-
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 2000
-"""Messages one read of a restore takes at most. `_changelog.read` makes no Python object a
-message but its bytes (it hands on runs of records), and the fold keeps each entry as bytes, so
-the garbage collector no longer sets the size: at 250, the size it needed while the restore read
-confluent-kafka Messages (one object each), collections had taken a fifth of a restore. A
-larger chunk gives the fold longer runs and the loop fewer turns: the throughput benchmark's
-changelog (240,104 records, 8 tasks) restored at 436,576 records/s at 2,000 against 285,162 at
-250 (medians of 4, in one process with its broker). A read holds the loop's lock: 2,000 records
-take a few milliseconds to read and fold."""
+"""Messages one read of a restore takes at most. `_changelog.read` folds them in C, making no
+Python object a message but those its changes keep, so the garbage collector does not set the
+size (at 250, the size it needed while the restore read confluent-kafka Messages, one object
+each, collections had taken a fifth of a restore); a larger chunk gives the loop fewer turns:
+the throughput benchmark's changelog (240,104 records, 8 tasks) restored at 436,576 records/s at
+2,000 against 285,162 at 250 (medians of 4, in one process with its broker, 2026-11-27). A read
+holds the loop's lock: 2,000 records take about a millisecond to read and fold."""
 _CONSUME_SECONDS = 0.02
 """Longest a consume of the restore loop waits for records, holding the loop's lock: a caller
 (the instance's tick: follow, unfollow, read positions) waits for it. An activation makes a few
@@ -71,9 +64,6 @@ WRITE_BEHIND_BYTES = 64 * 1024 * 1024
 the stores. Folding many chunks before writing lets a key updated many times in the changelog
 (a running aggregate: once per batch it changed in) reach RocksDB once, and RocksDB's inserts
 were the largest part of a restore's time (docs/benchmarks/throughput.md)."""
-_RECORD_BYTES = 250
-"""What a folded record holds in memory besides its key and value bytes (its entry, the dict
-slot, the bytes objects), counted against WRITE_BEHIND_BYTES."""
 _READ_WAIT_SECONDS = 0.02
 """How often `wait_until_read` looks at how far the loop has read."""
 _IDLE_SECONDS = 1.0
@@ -183,35 +173,42 @@ def replaced_changelog_error(task: TaskId, topic: str, end: int, needed: int) ->
 
 
 class _Applier:
-    """Applies consumed changelog messages to the task states they belong to.
-
-    Keeps, per (task, store), the records of a batch not closed yet and how far the consumer
-    has read (which runs ahead of the stored position while a batch is open).
-    """
+    """Folds the consumed changelog records of the followed tasks (one `Fold` per changelog
+    partition) and writes what they fold to the tasks' stores."""
 
     def __init__(self, changelog_topics: Mapping[str, str]) -> None:
-        self._store_of = {topic: store for store, topic in changelog_topics.items()}
         self._topic_of = dict(changelog_topics)
-        self._cursors: dict[tuple[TaskId, str], Cursor] = {}
-        """Per (task, store), where its fold stands: the state's writer and closed batch as of
-        the changes written and unwritten, and the records of a batch not closed yet."""
-        self._unwritten: dict[TaskId, StateChanges] = {}
-        """Per task, the changes folded and not yet written to its store (`write`)."""
-        self._unwritten_bytes: dict[TaskId, int] = {}
-        """Per task, about how much memory its unwritten changes and pending batch hold."""
-        self._read_to: dict[tuple[TaskId, str], int] = {}
+        self._folds: dict[tuple[str, TaskId], Fold] = {}
+        """Per changelog partition (topic, task) of a followed task, its fold: where it stands
+        and the changes folded and not yet written to the task's store."""
         self.failures: dict[TaskId, str] = {}
-        """Tasks whose changelog is unusable, with the error; their records are not applied."""
+        """Tasks whose changelog is unusable, with the error; their records are not read."""
+
+    def follow(self, state: TaskState) -> None:
+        """Fold `state`'s changelogs from its stores' positions on."""
+        for store in state.stores:
+            self._folds[(self._topic_of[store], state.task)] = resume(state, store)
+
+    def _fold_of(self, state: TaskState, store: str) -> Fold | None:
+        return self._folds.get((self._topic_of[store], state.task))
 
     def positions(self, state: TaskState) -> dict[str, int]:
         """Per store, the changelog offset the task's state is restored to: its store's
         position, or that of the changes folded and not written yet."""
-        unwritten = self._unwritten.get(state.task)
-        if unwritten is None:
-            return state.positions()
-        return {
-            store: unwritten.positions.get(store, state.position(store)) for store in state.stores
-        }
+        positions = {}
+        for store in state.stores:
+            fold = self._fold_of(state, store)
+            positions[store] = state.position(store) if fold is None else fold.position
+        return positions
+
+    def read_to(self, state: TaskState) -> dict[str, int]:
+        """Per store, the changelog offset the consumer has read up to for this task (ahead of
+        the restore position while the last batch read is not closed)."""
+        read = {}
+        for store in state.stores:
+            fold = self._fold_of(state, store)
+            read[store] = state.position(store) if fold is None else fold.read_to
+        return read
 
     def partitions(self, state: TaskState) -> list[TopicPartition]:
         positions = self.positions(state)
@@ -221,24 +218,27 @@ class _Applier:
         ]
 
     def write(self, states: Mapping[TaskId, TaskState], task: TaskId | None = None) -> None:
-        """Write the unwritten changes of `task` (None: of every task) to their stores, each
+        """Write what the folds of `task` (None: of every task) changed to their stores, each
         task's in one write batch."""
-        tasks = list(self._unwritten) if task is None else [task]
-        for each in tasks:
-            changes = self._unwritten.pop(each, None)
-            self._unwritten_bytes.pop(each, None)
-            if changes is not None:
-                states[each].apply(changes)
+        for each in list(states) if task is None else [task]:
+            state = states[each]
+            folds = [(store, self._fold_of(state, store)) for store in state.stores]
+            if not any(fold is not None and fold.changed for _store, fold in folds):
+                continue
+            changes = StateChanges()
+            for store, fold in folds:
+                if fold is not None:
+                    take(fold, store, changes)
+            state.apply(changes)
 
     def write_caught_up(
         self, consumer: RestoreConsumer, states: Mapping[TaskId, TaskState]
     ) -> None:
-        """Write the unwritten changes of the tasks read to the changelog end the consumer last
+        """Write what the folds changed of the tasks read to the changelog end the consumer last
         saw (cached from its fetches; an unknown end counts as reached). A task still behind
         keeps folding: a key its changelog updates again before the end reaches RocksDB once,
-        not once per pause in the fetches (`apply` writes when the changes grow too large)."""
-        for task in list(self._unwritten):
-            state = states[task]
+        not once per pause in the fetches (`read` writes when the changes grow too large)."""
+        for task, state in states.items():
             read = self.read_to(state)
             if all(read[store] >= end for store, end in self.cached_ends(consumer, state).items()):
                 self.write(states, task)
@@ -259,11 +259,16 @@ class _Applier:
         for store in state.stores:
             topic = self._topic_of[store]
             log_start, _end = watermarks(consumer, topic, state.task, timeout=timeout)
-            if log_start > state.position(store):
-                error = retention_error(state.task, topic, log_start, state.position(store))
-                log.error("%s", error)
-                self.failures[state.task] = error
+            needed = state.position(store)
+            if log_start > needed:
+                self._fail(state.task, retention_error(state.task, topic, log_start, needed))
                 return
+
+    def _fail(self, task: TaskId, error: str) -> None:
+        """The task's changelog is unusable: its records are no longer read (what its folds
+        changed before is still written)."""
+        log.error("%s", error)
+        self.failures[task] = error
 
     def _out_of_range(
         self, consumer: RestoreConsumer, task: TaskId | None, states: Mapping[TaskId, TaskState]
@@ -280,116 +285,63 @@ class _Applier:
         for store in state.stores:
             topic = self._topic_of[store]
             _log_start, end = watermarks(consumer, topic, state.task, timeout=10)
-            if end < state.position(store):
-                error = replaced_changelog_error(state.task, topic, end, state.position(store))
-                log.error("%s", error)
-                self.failures[state.task] = error
+            needed = state.position(store)
+            if end < needed:
+                self._fail(state.task, replaced_changelog_error(state.task, topic, end, needed))
                 return
 
     def forget(self, task: TaskId) -> None:
-        """Drop what is kept about `task` (its unwritten changes too: `write` them first)."""
+        """Drop what is kept about `task` (what its folds changed too: `write` it first)."""
         self.failures.pop(task, None)
-        self._unwritten.pop(task, None)
-        self._unwritten_bytes.pop(task, None)
-        for key in [key for key in self._read_to if key[0] == task]:
-            del self._read_to[key]
-            self._cursors.pop(key, None)
+        for key in [key for key in self._folds if key[1] == task]:
+            del self._folds[key]
 
-    def read_to(self, state: TaskState) -> dict[str, int]:
-        """Per store, the changelog offset the consumer has read up to for this task."""
-        positions = self.positions(state)
-        return {
-            store: max(positions[store], self._read_to.get((state.task, store), 0))
-            for store in state.stores
-        }
-
-    def apply(
-        self, consumer: RestoreConsumer, items: "list[Item]", states: Mapping[TaskId, TaskState]
-    ) -> dict[TaskId, int]:
-        """Apply the records `_changelog.read` read; returns the records applied or skipped per
-        task."""
-        found: dict[tuple[str, int], list[Run]] = {}
-        for item in items:
-            topic, partition, kind = item[0], item[1], item[2]
-            if kind < 0:
-                run = self._read(consumer, item, states)
-            elif partition in states and partition not in self.failures:
-                run = run_of(item)
-            else:
-                continue
-            if run is not None:
-                found.setdefault((topic, partition), []).append(run)
-        counts: dict[TaskId, int] = {}
-        for (topic, partition), task_runs in found.items():
-            if partition in self.failures:
-                continue
-            self._fold(consumer, states[partition], self._store_of[topic], task_runs)
-            counts[partition] = counts.get(partition, 0) + sum(len(r.keys) for r in task_runs)
-        if sum(self._unwritten_bytes.values()) >= WRITE_BEHIND_BYTES:
-            self.write(states)
-        return counts
-
-    def _read(
-        self, consumer: RestoreConsumer, item: "Item", states: Mapping[TaskId, TaskState]
-    ) -> Run | None:
-        """The one-record run of a record `read` left to parse_record; None for an error
-        (handled here) or a record of no task followed."""
-        topic, partition = item[0], item[1]
-        if item[2] == ERROR:
-            code, text = item[3]
+    def read(
+        self,
+        consumer: RestoreConsumer,
+        states: Mapping[TaskId, TaskState],
+        count: int,
+        timeout: float,
+    ) -> tuple[int, dict[TaskId, int]]:
+        """Consume up to `count` changelog messages (waiting at most `timeout` seconds) into the
+        followed tasks' folds, and move their read positions past trailing commit markers
+        (which deliver no message) to the consumer's; returns the messages consumed and the
+        records read per task."""
+        folds = self._folds
+        if self.failures:
+            folds = {key: fold for key, fold in folds.items() if key[1] not in self.failures}
+        consumed, counts, errors = read(consumer.handle, count, timeout, folds, self._slow)
+        for topic, partition, code, text in errors:
             if code == KafkaError._AUTO_OFFSET_RESET:
                 self._out_of_range(consumer, partition, states)
             elif code != KafkaError._PARTITION_EOF:
                 log.warning("changelog read error on %s[%s]: %s", topic, partition, text)
-            return None
-        if partition not in states or partition in self.failures:
-            return None
-        offset, key, value, headers = item[3]
+        if folds:
+            keys = list(folds)
+            found = consumer.position([TopicPartition(topic, task) for topic, task in keys])
+            for key, position in zip(keys, found, strict=True):
+                folds[key].advance(position.offset)
+        if sum(fold.held for fold in self._folds.values()) >= WRITE_BEHIND_BYTES:
+            self.write(states)
+        return consumed, counts
+
+    def _slow(
+        self,
+        fold: Fold,
+        topic: str,
+        partition: int,
+        message: tuple[int, bytes | None, bytes | None, MessageHeaders],
+    ) -> bool:
+        """Fold a record `read` left to parse_record (its message: offset, key, value and
+        headers); False if it is not one (the task fails)."""
+        offset, key, value, headers = message
         try:
-            record = parse_record(key, value, headers)
+            add_record(fold, offset, parse_record(key, value, headers))
         except ChangelogFormatError as format_error:
             where = f"{topic}[{partition}] at offset {offset}"
-            self.failures[partition] = foreign_record_error(partition, where, format_error)
-            log.error("%s", self.failures[partition])
-            return None
-        return runs_of([(offset, record)])[0]
-
-    def advance_idle(self, consumer: RestoreConsumer, states: Mapping[TaskId, TaskState]) -> None:
-        """Move positions past trailing commit markers that deliver no message."""
-        for state in states.values():
-            if state.task in self.failures:
-                continue
-            for store in state.stores:
-                self._fold(consumer, state, store, [])
-
-    def _fold(
-        self, consumer: RestoreConsumer, state: TaskState, store: str, runs: list[Run]
-    ) -> None:
-        """Fold `runs` into the task's unwritten changes (written by `write`: when the loop
-        has read all it was given, when they hold WRITE_BEHIND_BYTES, or before the state
-        leaves the loop)."""
-        key = (state.task, store)
-        topic = self._topic_of[store]
-        position = consumer.position([TopicPartition(topic, state.task)])[0].offset
-        if runs:
-            position = max(position, runs[-1].offsets[-1] + 1)
-        if not runs:
-            read_to = self._read_to.get(key)
-            if position <= (state.position(store) if read_to is None else read_to):
-                return
-        cursor = self._cursors.get(key)
-        if cursor is None:
-            cursor = Cursor(state.writer(store), state.closed_batch(store), [])
-        unwritten = self._unwritten.setdefault(state.task, StateChanges())
-        outcome = fold_runs(store, runs, cursor, position, into=unwritten)
-        self._cursors[key] = outcome.cursor
-        self._read_to[key] = position
-        held = self._unwritten_bytes.get(state.task, 0)
-        for run in runs:
-            held += _RECORD_BYTES * len(run.keys) + 2 * sum(map(len, run.keys))
-            if run.kind is RecordKind.DATA:
-                held += sum(map(len, cast(list[bytes], run.values)))
-        self._unwritten_bytes[state.task] = held
+            self._fail(partition, foreign_record_error(partition, where, format_error))
+            return False
+        return True
 
 
 def end_offsets(
@@ -442,6 +394,7 @@ def catch_up(
             raise ChangelogUnusableError(applier.failures[state.task])
         if not behind():
             return state.positions()
+        applier.follow(state)
         consumer.assign(applier.partitions(state))
         states = {state.task: state}
         deadline = time.monotonic() + timeout
@@ -453,12 +406,10 @@ def catch_up(
                     f"{dict(targets)} within {timeout} s; is the changelog readable "
                     "(an open transaction holds back read_committed readers)?"
                 )
-            consumed, items = read(consumer.handle, READ_CHUNK, 0.2)
+            consumed, counts = applier.read(consumer, states, READ_CHUNK, 0.2)
             drained = consumed < READ_CHUNK
-            counts = applier.apply(consumer, items, states)
             if state.task in applier.failures:
                 raise ChangelogUnusableError(applier.failures[state.task])
-            applier.advance_idle(consumer, states)
             if drained:
                 applier.write_caught_up(consumer, states)
             if on_restored is not None and counts:
@@ -500,6 +451,7 @@ class RestoreLoop:
             if state.task in self._states:
                 raise ValueError(f"task {state.task} is already being restored")
             self._states[state.task] = state
+            self._applier.follow(state)
             self._consumer.incremental_assign(self._applier.partitions(state))
             self._followed.set()
 
@@ -580,6 +532,7 @@ class RestoreLoop:
         plain lock and 0.75 s this way. The loop waits while any caller does."""
         with self._no_callers:
             self._callers += 1
+        _changelog.wake(self._consumer.handle)  # a consume waiting for records returns now
         try:
             with self._lock:
                 yield
@@ -599,10 +552,10 @@ class RestoreLoop:
                         idle = True
                     else:
                         idle = False
-                        consumed, items = read(self._consumer.handle, READ_CHUNK, _CONSUME_SECONDS)
+                        consumed, counts = self._applier.read(
+                            self._consumer, self._states, READ_CHUNK, _CONSUME_SECONDS
+                        )
                         drained = consumed < READ_CHUNK
-                        counts = self._applier.apply(self._consumer, items, self._states)
-                        self._applier.advance_idle(self._consumer, self._states)
                         if drained:  # read all there was for now: written while it waits
                             self._applier.write_caught_up(self._consumer, self._states)
                 if idle:
