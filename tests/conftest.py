@@ -12,25 +12,12 @@ from devstack.stack import LocalStack, StackInfo
 REPOSITORY = Path(__file__).resolve().parent.parent
 
 
-SPARK_GROUP = "spark"
-"""The xdist group of the Spark scenarios (slow tests that start Spark drivers): one worker runs
-them one after the other, beside the rest (scripts/test)."""
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The long scenarios first: the gate runs tests on several workers (scripts/test), and
     the longest first lets them run side by side while the short tests fill in at the end,
     instead of one long scenario running alone while the others idle. Longest by what a test
     declares: a longer timeout of its own first, then Spark scenarios, then other slow ones,
-    each group in collection order.
-
-    The Spark scenarios (slow, with Spark pods or worker processes) go to one xdist group, so
-    they run one at a time: they are what keeps the machine's two cores busy (two side by side
-    each took about twice as long as alone), while most other scenarios wait on pods and polls.
-    Measured in the gate of 2026-11-28: the first 20 minutes had no idle CPU, the last 9
-    minutes 90%. The light Spark tests (one in-process session a module) stay out of it, and
-    run on whichever worker is free."""
+    each group in collection order."""
 
     def length(item: pytest.Item) -> tuple[bool, float, bool]:
         timeout = item.get_closest_marker("timeout")
@@ -40,9 +27,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return (not slow, -declared, not spark)
 
     items.sort(key=length)
-    for item in items:
-        if item.get_closest_marker("spark") and item.get_closest_marker("slow"):
-            item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
 
 
 @pytest.fixture(scope="session")
