@@ -65,8 +65,6 @@ WRITE_BEHIND_BYTES = 64 * 1024 * 1024
 the stores. Folding many chunks before writing lets a key updated many times in the changelog
 (a running aggregate: once per batch it changed in) reach RocksDB once, and RocksDB's inserts
 were the largest part of a restore's time (docs/benchmarks/throughput.md)."""
-_READ_WAIT_SECONDS = 0.02
-"""How often `wait_until_read` looks at how far the loop has read."""
 _IDLE_SECONDS = 1.0
 """How long the loop, following no task, waits before looking again (a `follow` wakes it)."""
 RestoredCallback = Callable[[TaskId, int], None]
@@ -436,6 +434,11 @@ class RestoreLoop:
         self._stopping = threading.Event()
         self._followed = threading.Event()
         """Set by `follow` and `stop`: wakes the loop from waiting for a task to follow."""
+        self._read: dict[TaskId, dict[str, int]] = {}
+        """Per followed task, how far its changelogs are read, as of the loop's last turn (and
+        of follow and unfollow since): what `wait_until_read` looks at, without the lock."""
+        self._turned = threading.Condition()
+        """Notified when `_read` changes."""
         self._thread = threading.Thread(target=self._run, name="restore-loop", daemon=True)
         self.error: BaseException | None = None
 
@@ -454,6 +457,7 @@ class RestoreLoop:
             self._states[state.task] = state
             self._applier.follow(state)
             self._consumer.incremental_assign(self._applier.partitions(state))
+            self._publish()
             self._followed.set()
 
     def unfollow(self, task: TaskId) -> TaskState | None:
@@ -464,6 +468,7 @@ class RestoreLoop:
                 self._applier.write(self._states, task)
             state = self._states.pop(task, None)
             self._applier.forget(task)
+            self._publish()
             if state is not None:
                 self._consumer.incremental_unassign(
                     [TopicPartition(p.topic, p.partition) for p in self._applier.partitions(state)]
@@ -504,15 +509,16 @@ class RestoreLoop:
 
     def wait_until_read(self, offsets: Mapping[TaskId, Mapping[str, int]], timeout: float) -> bool:
         """Wait until every task in `offsets` is read through its offsets (see read_through),
-        at most `timeout` seconds; whether they are."""
-        deadline = time.monotonic() + timeout
-        while True:
-            read = self.read_positions()
-            if all(read_through(read.get(task), wanted) for task, wanted in offsets.items()):
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(_READ_WAIT_SECONDS)
+        at most `timeout` seconds; whether they are. Looks again after each turn of the loop
+        that read: an activation's wait ends with the turn that reads its target (until
+        2026-11-28 it looked every 20 ms, and each look took the loop's lock)."""
+
+        def through() -> bool:
+            read = self._read
+            return all(read_through(read.get(task), wanted) for task, wanted in offsets.items())
+
+        with self._turned:
+            return self._turned.wait_for(through, timeout)
 
     def lags(self) -> dict[TaskId, int]:
         """Per followed task, changelog records not yet applied (summed over stores), as of the
@@ -525,6 +531,13 @@ class RestoreLoop:
                 lags[task] = sum(max(0, end - positions[store]) for store, end in ends.items())
             return lags
 
+    def _publish(self) -> None:
+        """Publish how far the followed tasks are read (holding `_lock`)."""
+        read = {task: self._applier.read_to(state) for task, state in self._states.items()}
+        with self._turned:
+            self._read = read
+            self._turned.notify_all()
+
     @contextmanager
     def _held(self) -> Iterator[None]:
         """`_lock`, ahead of the loop: the loop holds it through a consume (_CONSUME_SECONDS) and
@@ -536,10 +549,14 @@ class RestoreLoop:
         about 80 ms for consumes (measured)."""
         with self._no_callers:
             self._callers += 1
-        _changelog.wake(self._consumer.handle)  # a consume waiting for records returns now
         try:
-            with self._lock:
+            if not self._lock.acquire(blocking=False):
+                _changelog.wake(self._consumer.handle)  # its consume returns now
+                self._lock.acquire()
+            try:
                 yield
+            finally:
+                self._lock.release()
         finally:
             with self._no_callers:
                 self._callers -= 1
@@ -562,6 +579,7 @@ class RestoreLoop:
                         drained = consumed < READ_CHUNK
                         if drained:  # read all there was for now: written while it waits
                             self._applier.write_caught_up(self._consumer, self._states)
+                        self._publish()
                 if idle:
                     self._followed.wait(_IDLE_SECONDS)
                 elif self._on_restored is not None:
