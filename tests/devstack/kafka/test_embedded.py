@@ -226,6 +226,24 @@ def test_a_broker_that_is_down_refuses_clients_until_it_is_up_again() -> None:
         assert outcomes == [KafkaError._MSG_TIMED_OUT, None]
 
 
+def test_the_cluster_serves_requests_while_its_brokers_are_down() -> None:
+    """A request to the mock's thread wakes it through a broker's listener; with every broker
+    down none accepts, and the request is still served (on the mock's own timeout)."""
+    with EmbeddedKafka(brokers=1) as kafka:
+        kafka.set_broker_down(1)
+        topic = unique("created-while-down")
+        kafka.create_topic(topic, partitions=3)
+        with pytest.raises(EmbeddedKafkaError, match="already exists"):
+            kafka.create_topic(topic, partitions=3)
+        kafka.set_broker_up(1)
+        reader = consumer(kafka)
+        try:
+            metadata = reader.list_topics(topic, timeout=5)
+        finally:
+            reader.close()
+        assert len(metadata.topics[topic].partitions) == 3
+
+
 def test_round_trip_time_delays_every_response() -> None:
     with EmbeddedKafka(brokers=1) as kafka:
         reader = consumer(kafka)
