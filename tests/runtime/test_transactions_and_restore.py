@@ -263,6 +263,39 @@ def test_the_restore_loop_follows_a_task_while_its_owner_writes(
         loop.stop()
 
 
+def test_a_restore_loop_started_before_its_changelog_exists_restores_it(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop asks for its changelog topics' metadata as it starts; a topic not created yet
+    is learnt when its first task is followed, and restores the same."""
+    monkeypatch.setattr(restore, "_METADATA_SECONDS", 1.0)
+    config = config_on(embedded_kafka, embedded_kafka, tmp_path)
+    missing = config.model_copy(update={"app_id": unique("late")})
+    loop = RestoreLoop(missing)
+    loop.start()
+    try:
+        for topic in missing.changelog_topics().values():
+            embedded_kafka.create_topic(topic, 2)
+        owner = TaskProducer(missing, task=1, epoch=1)
+        try:
+            for n in range(1, 4):
+                end = owner.commit(batch(A, n, {"alice": n, f"user-{n}": 1}, n))[STORE]
+        finally:
+            owner.close()
+        loop.follow(TaskState(missing.state_dir / "warm-up", 1, [STORE]))
+        assert loop.wait_until_read({1: {STORE: end}}, 20)
+        state = loop.unfollow(1)
+        assert state is not None
+        try:
+            assert state.snapshot(STORE) == {"alice": 3, "user-1": 1, "user-2": 1, "user-3": 1}
+        finally:
+            state.close()
+        assert loop.error is None
+        assert loop.failures() == {}
+    finally:
+        loop.stop()
+
+
 def test_a_stopped_restore_loop_leaves_what_it_restored_in_the_store(config: WorkerConfig) -> None:
     owner = TaskProducer(config, task=0, epoch=1)
     loop = RestoreLoop(config)

@@ -65,6 +65,8 @@ WRITE_BEHIND_BYTES = 64 * 1024 * 1024
 the stores. Folding many chunks before writing lets a key updated many times in the changelog
 (a running aggregate: once per batch it changed in) reach RocksDB once, and RocksDB's inserts
 were the largest part of a restore's time (docs/benchmarks/throughput.md)."""
+_METADATA_SECONDS = 5.0
+"""How long the loop, starting, waits for each changelog topic's metadata (see `_learn_topics`)."""
 _IDLE_SECONDS = 1.0
 """How long the loop, following no task, waits before looking again (a `follow` wakes it)."""
 RestoredCallback = Callable[[TaskId, int], None]
@@ -423,6 +425,7 @@ class RestoreLoop:
     """A thread that keeps the followed tasks' states up to date with their changelogs."""
 
     def __init__(self, config: WorkerConfig, on_restored: RestoredCallback | None = None) -> None:
+        self._topics = sorted(set(config.changelog_topics().values()))
         self._applier = _Applier(config.changelog_topics())
         self._consumer = RestoreConsumer(restore_settings(config))
         self._on_restored = on_restored
@@ -562,8 +565,30 @@ class RestoreLoop:
                 self._callers -= 1
                 self._no_callers.notify_all()
 
+    def _learn_topics(self) -> None:
+        """Ask the broker for the changelog topics' metadata before any task is followed.
+
+        librdkafka learns a topic's partition leaders when it is first assigned, with a metadata
+        request on the connection it has; when that request was sent on the bootstrap
+        connection, which the client drops once it knows the brokers, the answer was lost and the
+        partitions waited for the next scan of unknown topics, up to a second later: three of
+        four restores of the throughput benchmark that followed their tasks 0.3 s after the
+        loop started read their first record 0.6 s late (2026-11-28). Asked here, the leaders
+        are in the client's metadata cache when the first task is followed. A topic not created
+        yet, or a broker that does not answer (then the loop asks no more), is learnt the slow
+        way: only the first read waits."""
+        for topic in self._topics:
+            if self._stopping.is_set():
+                return
+            try:
+                self._consumer.list_topics(topic, timeout=_METADATA_SECONDS)
+            except KafkaException as error:
+                log.info("no changelog metadata yet (%s): learnt on the first read", error)
+                return
+
     def _run(self) -> None:
         try:
+            self._learn_topics()
             while not self._stopping.is_set():
                 with self._no_callers:
                     self._no_callers.wait_for(lambda: not self._callers, timeout=1)
