@@ -188,6 +188,45 @@ def test_a_tombstone_drops_the_pending_record_it_reclaims_and_only_that() -> Non
     assert restored["state"] == {}  # batch 1 closed by batch 2, carol then forgotten
 
 
+ALICE_1 = data(A, 1, "alice", 1, None)
+
+
+@pytest.mark.parametrize(
+    ("tombstoned", "pending", "state"),
+    [
+        (ALICE_1.key, [2, 3], {"alice": 2, "bob": 2}),
+        (data(A, 3, "alice", 3, None).key, [2, 3], {"alice": 2, "bob": 2}),
+        (data(Writer(1, 0, 6), 2, "alice", 2, None).key, [2, 3], {"alice": 2, "bob": 2}),
+        (data(A, 2, "carol", 2, None).key, [2, 3], {"alice": 2, "bob": 2}),
+        (data(A, 2, "alice", 2, None).key, [3], {"alice": 1, "bob": 2}),
+    ],
+    ids=[
+        "W*-closed-batch",
+        "W*-later-batch",
+        "other-writer-same-batch",
+        "open-batch-other-key",
+        "the-pending-record",
+    ],
+)
+def test_a_tombstone_leaves_the_open_batch_whole_unless_it_names_one_of_its_records(
+    tombstoned: bytes, pending: list[int], state: dict[str, object]
+) -> None:
+    """A tombstone drops from W*'s open batch only the record whose key it is. A key that
+    differs from a pending record's in one part only (its batch, before or after the open one;
+    its writer; its state key) leaves every pending record to take effect when the batch
+    closes. The last case, the open batch's own alice, is dropped: alice stays at batch 1."""
+    records = [
+        ALICE_1,
+        closer(A, 1, {"clicks": 1}, None),
+        data(A, 2, "alice", 2, ALICE_1.key),
+        data(A, 2, "bob", 2, None),
+        tombstone(A, tombstoned),
+    ]
+    assert restore(records)["pending"] == pending
+    closed = restore([*records, closer(A, 2, {"clicks": 2}, b"c@1.0.7.1")])
+    assert (closed["state"], closed["pending"], closed["input"]) == (state, [], {"clicks": 2})
+
+
 def test_a_later_batch_of_the_same_writer_closes_the_pending_one() -> None:
     """Its closer may have been reclaimed: the writer only went on after it committed."""
     restored = restore(
