@@ -2,9 +2,12 @@
 and the writer rule that ignores zombies."""
 
 import json
+import random
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from smoothscale.runtime.changelog import (
     ChangelogFormatError,
@@ -22,7 +25,7 @@ from smoothscale.runtime.changelog import (
 )
 from smoothscale.runtime.store import TaskState, value_of
 from smoothscale.runtime.writer import Writer
-from tests.runtime.folding import fold
+from tests.runtime.folding import fold, taken
 
 STORE = "counts"
 A, B = Writer(1, 0, 7), Writer(2, 1, 3)
@@ -225,6 +228,39 @@ def test_a_tombstone_leaves_the_open_batch_whole_unless_it_names_one_of_its_reco
     assert restore(records)["pending"] == pending
     closed = restore([*records, closer(A, 2, {"clicks": 2}, b"c@1.0.7.1")])
     assert (closed["state"], closed["pending"], closed["input"]) == (state, [], {"clicks": 2})
+
+
+@given(seed=st.integers(0, 2**32 - 1), keys=st.integers(1, 400), steps=st.integers(1, 3000))
+@settings(max_examples=30, deadline=None)
+def test_the_garbage_set_changes_are_those_of_its_additions_and_removals_in_order(
+    seed: int, keys: int, steps: int
+) -> None:
+    """Superseded record keys enter the garbage set, a tombstone takes its key out (and one not
+    in it is collected, out of the stored set): the fold keeps these in a table of its own,
+    thousands of keys coming and going between two takes; what it takes is what two sets
+    would hold, taken at any point."""
+    rng = random.Random(seed)
+    pool = [b"c@1.0.7.%d" % n + b"x" * rng.randrange(0, 40) for n in range(keys)]
+    cursor = Fold()
+    expected: dict[bytes, bool] = {}  # record key -> in the garbage set (else collected)
+    batch = 0
+    for offset in range(steps):
+        key = rng.choice(pool)
+        if rng.random() < 0.5:
+            batch += 1
+            add_record(cursor, offset, closer(A, batch, {"clicks": batch}, key))
+            expected[key] = True
+        else:
+            add_record(cursor, offset, tombstone(A, key))
+            if expected.get(key):
+                del expected[key]
+            else:
+                expected[key] = False
+        if rng.random() < 0.01 or offset == steps - 1:
+            changes = taken(cursor, STORE)
+            assert changes.garbage.get(STORE, set()) == {k for k, g in expected.items() if g}
+            assert changes.collected.get(STORE, set()) == {k for k, g in expected.items() if not g}
+            expected.clear()
 
 
 def test_a_later_batch_of_the_same_writer_closes_the_pending_one() -> None:
