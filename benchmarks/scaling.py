@@ -254,7 +254,7 @@ def measure_restore(
     taken: dict[str, tuple[int, int, float]] = {}
     for name, tasks in (("one_task", [0]), ("all_tasks", list(range(options.tasks)))):
         seconds = statistics.median(
-            restore_seconds(config, STORE, tasks) for _ in range(RESTORE_REPEATS)
+            restore_seconds(config, STORE, tasks).seconds for _ in range(RESTORE_REPEATS)
         )
         records = sum(changelog.records[t] for t in tasks)
         size = sum(changelog.bytes[t] for t in tasks)
