@@ -525,12 +525,36 @@ def test_two_operator_replicas_the_leader_killed_mid_hand_over_the_other_finishe
         running.feed.start()
         with status_stream(running) as stream:
             running.scale(2)
+            instances = [running_pod(running, f"{APP_NAME}-{n}") for n in (0, 1)]
             stream.wait(handing_over, "a hand-over in flight")
+            # Both instances frozen at once: the hand-over goes no further while the leader is
+            # lost (a hand-over takes a second or two; losing the leader, which looks its pod up
+            # first, once took long enough for it to finish the scale-out).
+            for pod in instances:
+                signal_pod(pod, signal.SIGSTOP)
             leader.lose()
+            for pod in instances:
+                signal_pod(pod, signal.SIGCONT)
         running.operator = watcher.operator = spare
         watcher.run_until(lambda: watcher.settled(2), "the scale-out, by the spare")
         assert "control loop starts" in spare.log()
         assert running.finish(), out.getvalue()
+
+
+def running_pod(running: Session, instance: str) -> dict[str, Any]:
+    """`instance`'s pod once its container runs (its process group known, to signal it at
+    once later)."""
+    deadline = time.monotonic() + running.options.phase_timeout
+    while time.monotonic() < deadline:
+        listed = running.kubectl("get", "-n", NAMESPACE, "pods", "-o", "json", quiet=True)
+        for pod in json.loads(listed)["items"]:
+            if pod["metadata"]["name"] == instance and any(
+                str(status.get("containerID", "")).startswith("process://")
+                for status in pod.get("status", {}).get("containerStatuses") or []
+            ):
+                return dict(pod)
+        time.sleep(0.02)
+    raise AssertionError(f"{instance}'s container did not start")
 
 
 def freeze_at_first_warmup_report(
@@ -539,17 +563,10 @@ def freeze_at_first_warmup_report(
     """SIGSTOP `instance`'s pod as soon as it reports a warm-up: its first report goes out when
     its warm-ups start and the next one a report interval (a second) later, so the signal lands
     before it can say anything newer. Returns its warm-ups as it last reported them."""
+    pod = running_pod(running, instance)  # its process group, known before it can report
     deadline = time.monotonic() + running.options.phase_timeout
-    pod: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        if not any(  # its process group, known before it can report
-            str(status.get("containerID", "")).startswith("process://")
-            for status in pod.get("status", {}).get("containerStatuses") or []
-        ):
-            listed = running.kubectl("get", "-n", NAMESPACE, "pods", "-o", "json", quiet=True)
-            named = [p for p in json.loads(listed)["items"] if p["metadata"]["name"] == instance]
-            pod = named[0] if named else {}
-        elif any(
+        if any(
             item.report.role is ReportedRole.WARMUP
             for item in reader.read([instance], running.options.tasks).values()
         ):
