@@ -468,13 +468,19 @@ class _StandbyPlacement:
         return sorted(existing, key=lambda i: (i != goal, i))
 
     def place(self) -> _Standbys:
-        for task in self.view.tasks:
-            goal = self.target.owner[task]
-            for instance in self._existing(task):
-                if len(self.holders[task]) < self.wanted[task] and (
-                    instance == goal or self.count[instance] < self.share[instance]
-                ):
-                    self._take(task, instance)
+        # Replacements first: each stays whatever its instance's share, so the sticky
+        # standbys beside it are kept or moved the same way whichever task ids they have;
+        # otherwise a re-plan after the moves could shift a different standby than the plan.
+        existing = [
+            (task, instance) for task in self.view.tasks for instance in self._existing(task)
+        ]
+        for task, instance in sorted(
+            existing, key=lambda pair: pair[1] != self.target.owner[pair[0]]
+        ):
+            if len(self.holders[task]) < self.wanted[task] and (
+                instance == self.target.owner[task] or self._has_room(instance)
+            ):
+                self._take(task, instance)
         self.by_room = [(self.count[i] - self.share[i], i) for i in self.view.kept]
         heapq.heapify(self.by_room)
         for task in self.view.tasks:
