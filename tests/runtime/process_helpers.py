@@ -19,8 +19,10 @@ class WorkerProcess:
     """`smoothscale worker --config FILE` in its own process group (the Python driver and its
     Spark JVM), logging to a file next to its state."""
 
-    def __init__(self, config: WorkerConfig) -> None:
+    def __init__(self, config: WorkerConfig, environment: dict[str, str] | None = None) -> None:
         self.config = config.model_copy(update={"metrics_port": free_port()})
+        self.environment = environment or {}
+        """Set in the worker's environment, beside the test's own."""
         self.config.state_dir.mkdir(parents=True, exist_ok=True)
         self.config_path = self.config.state_dir.parent / f"{self.config.instance_id}.json"
         self.config_path.write_text(self.config.model_dump_json())
@@ -29,7 +31,11 @@ class WorkerProcess:
 
     def start(self) -> "WorkerProcess":
         # This checkout's product code first: the venv may have another checkout installed.
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT)])}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT)]),
+            **self.environment,
+        }
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [

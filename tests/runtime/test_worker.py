@@ -3,6 +3,7 @@ embedded Kafka) driven by the test acting as the operator through the assignment
 channels. Each worker is a Spark driver (a JVM, ~7 s to start): two per test at most."""
 
 import json
+import sys
 import threading
 import time
 from collections import Counter
@@ -328,3 +329,38 @@ def test_a_warm_up_reports_itself_caught_up_while_spark_is_still_starting(
     finally:
         reader.close()
         worker.stop()
+
+
+def test_a_query_whose_python_reader_starts_too_late_is_started_again_losing_nothing(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    """Spark waits a fixed 10 s for the Python process that runs the source's reader to
+    connect back; on a starved node it can start later (seen at a gate's start, load above 10
+    on two cores) and the query fails before its first batch. Here that process starts 12 s
+    late, once: the worker starts its query again, and every record counts once."""
+    late = tmp_path / "late"
+    python = tmp_path / "python"
+    python.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *python_streaming_source_runner*)\n'
+        f"  if [ ! -e {late} ]; then touch {late}; sleep 12; fi ;;\n"
+        "esac\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    config = app_config(embedded_kafka, tmp_path)
+    operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+    operator.write("pod-a", Assignment(generation=1, tasks={0: active(1), 1: active(1)}))
+    operator.close()
+    produced = users_batch(600)
+    produce_users(config, produced)
+    worker = WorkerProcess(
+        for_instance(config, "pod-a"), environment={"PYSPARK_PYTHON": str(python)}
+    ).start()
+    try:
+        wait_until(lambda: processed_everything(config), 180, "the input processed", [worker])
+        assert late.exists(), "the reader's process was started through the slow python"
+        assert "starting it again (attempt 2 of 3)" in worker.log()
+    finally:
+        worker.stop()
+    assert_exactly_once(config, produced, tmp_path)

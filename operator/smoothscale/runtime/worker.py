@@ -607,12 +607,36 @@ def _ticking(instance: Instance) -> Iterator[None]:
         raise failures[0]
 
 
+QUERY_START_ATTEMPTS = 3
+"""How many times the worker starts its streaming query when the query fails before its first
+micro-batch because a Python worker did not connect back in time (see SparkQuery.failure)."""
+_WORKER_DID_NOT_CONNECT = "Python worker failed to connect back"
+"""Spark's error when a Python process it started did not connect back within 10 s."""
+
+
 class SparkQuery:
     """The engine that ships: one PySpark streaming query over the instance's active tasks
     (the smoothscale-kafka source, foreachBatch(MicroBatch))."""
 
-    def __init__(self, spark: "SparkSession", query: "StreamingQuery", checkpoint: str) -> None:
-        self.spark, self.query, self.checkpoint = spark, query, checkpoint
+    def __init__(
+        self, spark: "SparkSession", start_query: "Callable[[str], StreamingQuery]"
+    ) -> None:
+        self.spark = spark
+        self._start_query = start_query
+        self.attempts = 1
+        self.checkpoint = ""
+        self.query = self._fresh_start()
+
+    def _fresh_start(self) -> "StreamingQuery":
+        """Start the query on a fresh checkpoint (the last one deleted)."""
+        if self.checkpoint:
+            shutil.rmtree(self.checkpoint, ignore_errors=True)
+        self.checkpoint = tempfile.mkdtemp(prefix="smoothscale-checkpoint-")
+        try:
+            return self._start_query(self.checkpoint)
+        except BaseException:
+            shutil.rmtree(self.checkpoint, ignore_errors=True)
+            raise
 
     @classmethod
     def start(
@@ -625,9 +649,10 @@ class SparkQuery:
         """Start Spark and the query, with a fresh checkpoint (see the module's docstring)."""
         from smoothscale.runtime.spark import local_session
 
-        checkpoint = tempfile.mkdtemp(prefix="smoothscale-checkpoint-")
-        try:
-            spark = local_session(f"smoothscale-{config.app_id}-{config.instance_id}")
+        spark = local_session(f"smoothscale-{config.app_id}-{config.instance_id}")
+        batch = MicroBatch(instance, pipeline, metrics)
+
+        def start_query(checkpoint: str) -> "StreamingQuery":
             reader = (
                 spark.readStream.format("smoothscale-kafka")
                 .option("bootstrap.servers", config.bootstrap_servers)
@@ -641,20 +666,43 @@ class SparkQuery:
                 reader = reader.option(BATCH_INTERVAL_OPTION, str(config.trigger_interval))
             for name, value in config.kafka_config.items():
                 reader = reader.option(f"kafka.{name}", value)
-            query = (
+            return (
                 reader.load()
-                .writeStream.foreachBatch(MicroBatch(instance, pipeline, metrics))
+                .writeStream.foreachBatch(batch)
                 .trigger(processingTime="0 seconds")
                 .option("checkpointLocation", checkpoint)
                 .start()
             )
-        except BaseException:
-            shutil.rmtree(checkpoint, ignore_errors=True)
-            raise
-        return cls(spark, query, checkpoint)
+
+        return cls(spark, start_query)
 
     def failure(self) -> str | None:
-        return None if self.query.isActive else f"the streaming query: {self.query.exception()}"
+        """Why the query stopped, or None while it runs.
+
+        A query that fails before its first micro-batch because a Python worker did not connect
+        back is started again (at most QUERY_START_ATTEMPTS starts), on a fresh checkpoint:
+        Spark waits a fixed 10 s for the Python process that runs the source's reader, and on
+        a starved node (seen: a gate's start, two cores, load above 10) the process started
+        later than that. Nothing ran yet, so nothing is lost; a pod restart would cost the
+        JVM's start and the restore of every task instead."""
+        if self.query.isActive:
+            return None
+        error = self.query.exception()
+        if (
+            self.query.lastProgress is None
+            and _WORKER_DID_NOT_CONNECT in str(error)
+            and self.attempts < QUERY_START_ATTEMPTS
+        ):
+            self.attempts += 1
+            log.warning(
+                "the streaming query failed to start (%s): starting it again (attempt %d of %d)",
+                _WORKER_DID_NOT_CONNECT,
+                self.attempts,
+                QUERY_START_ATTEMPTS,
+            )
+            self.query = self._fresh_start()
+            return None
+        return f"the streaming query: {error}"
 
     def stop(self) -> None:
         self.query.stop()
