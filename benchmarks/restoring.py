@@ -64,9 +64,9 @@ def restore_seconds(config: WorkerConfig, store: str, tasks: list[int]) -> Resto
                     raise RuntimeError(f"the restore failed: {loop.error or loop.failures()}")
             handed_back = [loop.unfollow(task) for task in tasks]
             restored = Restore(time.perf_counter() - began, began - opening)
-            for state in handed_back:
-                if state is not None:
-                    state.close()
+            for taken in handed_back:
+                if taken is not None:
+                    taken.close()
             return restored
         finally:
             loop.stop()

@@ -56,11 +56,12 @@ from smoothscale.kafka.assignments import Assignment, AssignmentWriter, TaskAssi
 from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.restore import QUEUE_BACKOFF_MS
 from smoothscale.runtime.source import write_plan
-from smoothscale.runtime.spark import local_session
+from smoothscale.runtime.spark import QUERY_START_ATTEMPTS, local_session, started_too_late
 from smoothscale.tasks import TaskRole
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+    from pyspark.sql.streaming.query import StreamingQuery
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = "throughput"
@@ -282,28 +283,41 @@ def run_plain_spark(
 
     plan = workdir / "plain-plan.json"
     write_plan(plan, {(INPUT, p): 0 for p in range(partitions)}, version=1)
-    users = (
-        spark.readStream.format("smoothscale-kafka")
-        .option("bootstrap.servers", bootstrap_servers)
-        .option("topics", INPUT)
-        .option("plan.path", str(plan))
-        .option("max.records.per.partition", str(batch))
-        .load()
-        .select(F.from_json(F.col("value").cast("string"), "user STRING").user.alias("user"))
-    )
-    query = (
-        count(users)
-        .writeStream.outputMode("update")
-        .foreachBatch(write_totals)
-        .option("checkpointLocation", str(workdir / "plain-checkpoint"))
-        .trigger(processingTime="0 seconds")
-        .start()
-    )
+
+    def start(attempt: int) -> "StreamingQuery":
+        users = (
+            spark.readStream.format("smoothscale-kafka")
+            .option("bootstrap.servers", bootstrap_servers)
+            .option("topics", INPUT)
+            .option("plan.path", str(plan))
+            .option("max.records.per.partition", str(batch))
+            .load()
+            .select(F.from_json(F.col("value").cast("string"), "user STRING").user.alias("user"))
+        )
+        return (
+            count(users)
+            .writeStream.outputMode("update")
+            .foreachBatch(write_totals)
+            .option("checkpointLocation", str(workdir / f"plain-checkpoint-{attempt}"))
+            .trigger(processingTime="0 seconds")
+            .start()
+        )
+
     try:
-        query.processAllAvailable()
+        # Started again, as the worker starts its own, when its reader connected back too late.
+        for attempt in range(1, QUERY_START_ATTEMPTS + 1):
+            query = start(attempt)
+            try:
+                query.processAllAvailable()
+                break
+            except Exception:
+                if attempt == QUERY_START_ATTEMPTS or not started_too_late(query):
+                    raise
+                print("plain Spark: its reader connected back too late: started again")
+            finally:
+                query.stop()
         progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
     finally:
-        query.stop()
         spark.stop()
     return [
         (

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
 
 SPARK_CORES = 2
 """Tasks the instance's Spark runs at once (`local[SPARK_CORES]`): one per input partition read,
@@ -103,6 +104,27 @@ def local_session(app_name: str, *, shuffle_partitions: int = 2) -> "SparkSessio
     spark.sparkContext.setLogLevel("WARN")
     register_source(spark)
     return spark
+
+
+QUERY_START_ATTEMPTS = 3
+"""How many times a streaming query is started when it stops before its first micro-batch
+because a Python process of Spark's connected back too late (see `started_too_late`)."""
+_CONNECTED_BACK_TOO_LATE = "Python worker failed to connect back"
+"""Spark's error when a Python process it started did not connect back within 10 s."""
+
+
+def started_too_late(query: "StreamingQuery") -> bool:
+    """Whether `query` stopped before its first micro-batch because a Python process Spark
+    started for it (the one that runs a Python source's reader) did not connect back in time.
+
+    Spark waits a fixed 10 s (not configurable) for that process; on a starved node it starts
+    later (seen at a test gate's start: two cores, load above 10). Nothing has run then, so
+    starting the query again, on a fresh checkpoint, loses nothing."""
+    return (
+        not query.isActive
+        and query.lastProgress is None
+        and _CONNECTED_BACK_TOO_LATE in str(query.exception())
+    )
 
 
 def write_class_archive(path: Path, timeout: float = 900) -> None:

@@ -36,6 +36,7 @@ from smoothscale.runtime.metrics import InstanceMetrics, start_http_server
 from smoothscale.runtime.pipeline import Pipeline, load_pipeline
 from smoothscale.runtime.processor import PreparedProcessor
 from smoothscale.runtime.source import BATCH_INTERVAL_OPTION, RangeRead, batch_reads
+from smoothscale.runtime.spark import QUERY_START_ATTEMPTS, started_too_late
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -607,13 +608,6 @@ def _ticking(instance: Instance) -> Iterator[None]:
         raise failures[0]
 
 
-QUERY_START_ATTEMPTS = 3
-"""How many times the worker starts its streaming query when the query fails before its first
-micro-batch because a Python worker did not connect back in time (see SparkQuery.failure)."""
-_WORKER_DID_NOT_CONNECT = "Python worker failed to connect back"
-"""Spark's error when a Python process it started did not connect back within 10 s."""
-
-
 class SparkQuery:
     """The engine that ships: one PySpark streaming query over the instance's active tasks
     (the smoothscale-kafka source, foreachBatch(MicroBatch))."""
@@ -679,30 +673,23 @@ class SparkQuery:
     def failure(self) -> str | None:
         """Why the query stopped, or None while it runs.
 
-        A query that fails before its first micro-batch because a Python worker did not connect
-        back is started again (at most QUERY_START_ATTEMPTS starts), on a fresh checkpoint:
-        Spark waits a fixed 10 s for the Python process that runs the source's reader, and on
-        a starved node (seen: a gate's start, two cores, load above 10) the process started
-        later than that. Nothing ran yet, so nothing is lost; a pod restart would cost the
-        JVM's start and the restore of every task instead."""
+        A query that stopped before its first micro-batch because its reader's Python process
+        connected back too late (`spark.started_too_late`) is started again, on a fresh
+        checkpoint, up to QUERY_START_ATTEMPTS starts: nothing ran yet, so nothing is lost, and
+        a pod restart would cost the JVM's start and the restore of every task instead."""
         if self.query.isActive:
             return None
-        error = self.query.exception()
-        if (
-            self.query.lastProgress is None
-            and _WORKER_DID_NOT_CONNECT in str(error)
-            and self.attempts < QUERY_START_ATTEMPTS
-        ):
+        if started_too_late(self.query) and self.attempts < QUERY_START_ATTEMPTS:
             self.attempts += 1
             log.warning(
-                "the streaming query failed to start (%s): starting it again (attempt %d of %d)",
-                _WORKER_DID_NOT_CONNECT,
+                "the streaming query stopped before its first batch: its reader's Python process "
+                "connected back too late; starting it again (attempt %d of %d)",
                 self.attempts,
                 QUERY_START_ATTEMPTS,
             )
             self.query = self._fresh_start()
             return None
-        return f"the streaming query: {error}"
+        return f"the streaming query: {self.query.exception()}"
 
     def stop(self) -> None:
         self.query.stop()
