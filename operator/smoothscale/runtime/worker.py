@@ -36,7 +36,7 @@ from smoothscale.runtime.metrics import InstanceMetrics, start_http_server
 from smoothscale.runtime.pipeline import Pipeline, load_pipeline
 from smoothscale.runtime.processor import PreparedProcessor
 from smoothscale.runtime.source import BATCH_INTERVAL_OPTION, RangeRead, batch_reads
-from smoothscale.runtime.spark import QUERY_START_ATTEMPTS, started_too_late
+from smoothscale.runtime.spark import QUERY_START_ATTEMPTS, local_session, started_too_late
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -641,8 +641,6 @@ class SparkQuery:
         metrics: InstanceMetrics,
     ) -> "SparkQuery":
         """Start Spark and the query, with a fresh checkpoint (see the module's docstring)."""
-        from smoothscale.runtime.spark import local_session
-
         spark = local_session(f"smoothscale-{config.app_id}-{config.instance_id}")
         batch = MicroBatch(instance, pipeline, metrics)
 
