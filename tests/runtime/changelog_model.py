@@ -29,7 +29,8 @@ from smoothscale.runtime.writer import Writer
 from tests.runtime.folding import fold
 
 STORE = "counts"
-KEYS = ["alice", "bob", "carol", "dave"]
+KEYS = ["alice", "bob", "carol", "dave", "a state key whose record keys outgrow a slot of the fold"]
+"""State keys; the last makes record keys longer than the fold's garbage table keeps inline."""
 INPUT = "clicks"
 
 
