@@ -336,7 +336,8 @@ def test_a_task_behind_is_written_to_its_store_once_read_to_the_changelog_end(
         applier.follow(state)
         consumer.assign(applier.partitions(state))
         read: list[int] = []
-        while not read or applier.read_to(state)[STORE] < end:
+        while state.position(STORE) < end:  # a read may stop before the last commit marker
+            assert len(read) < 100, f"never written, read to {read}"
             applier.read(consumer, states, 3, 1.0)
             applier.write_caught_up(consumer, states)
             read.append(applier.read_to(state)[STORE])
