@@ -70,6 +70,7 @@ from smoothscale.runtime.source import write_plan
 from smoothscale.runtime.spark import SPARK_CORES
 from smoothscale.runtime.store import StateChanges, TaskState, task_directory
 from smoothscale.runtime.transactions import (
+    ChangelogSpan,
     OutputRecord,
     TaskLost,
     TaskProducer,
@@ -943,10 +944,10 @@ class Instance:
         if newest is not None:
             active.input_time = max(newest, active.input_time or newest)
         superseded = [r.supersedes for r in [*records, closing] if r.supersedes is not None]
-        offsets = active.producer.delivered_offsets[store]
-        active.unverified.append((offsets[-1] + 1, superseded))
+        span = active.producer.delivered[store]
+        active.unverified.append((span.last + 1, superseded))
         self.metrics.count_processed(task, batch.counts.get(task, 0))
-        self._verify(task, active, offsets)
+        self._verify(task, active, span)
 
     def _run_processor(
         self, prepared: PreparedProcessor, task: TaskId, active: _Active, batch: BatchInput
@@ -1063,14 +1064,14 @@ class Instance:
                 reclaim.append(tombstone(writer, current))
         return reclaim
 
-    def _verify(self, task: TaskId, active: _Active, offsets: list[int]) -> None:
+    def _verify(self, task: TaskId, active: _Active, span: ChangelogSpan) -> None:
         """Verify the writer's batches: no record of a higher writer precedes them. The batch
-        just committed took `offsets`: if they follow the last verified record with only one
+        just committed took `span`: if it follows the last verified record with only one
         offset between (the previous commit marker), nobody else wrote (verified for free);
         else read the gap from the offset after the last verified record. A higher writer
         there fences this instance for the task."""
-        last = offsets[-1]
-        if not _follows_on(active.unverified_from, offsets):
+        last = span.last
+        if not _follows_on(active.unverified_from, span):
             higher = self._higher_writer(task, active, last + 1)
             if higher is None:
                 return
@@ -1415,9 +1416,9 @@ class Instance:
             )
             state.apply(changes)
             last_closer = start.key
-            offsets = producer.delivered_offsets[store]
-            if _follows_on(unverified_from, offsets):
-                unverified_from = offsets[-1] + 1
+            span = producer.delivered[store]
+            if _follows_on(unverified_from, span):
+                unverified_from = span.last + 1
         self._active[task] = _Active(
             writer, state, producer, last_closer=last_closer, unverified_from=unverified_from
         )
@@ -1639,10 +1640,9 @@ class Instance:
         self._input_waiting = waiting
 
 
-def _follows_on(unverified_from: int, offsets: list[int]) -> bool:
-    """Whether a transaction's records, at `offsets` of a changelog partition, follow the
-    writer's last verified record with nothing of anyone else's in between: the one offset
-    before them is then the writer's previous commit marker (a committed transaction takes
-    exactly one offset per partition for its commit marker), and they are contiguous."""
-    first, last = offsets[0], offsets[-1]
-    return first == unverified_from + 1 and last - first + 1 == len(offsets)
+def _follows_on(unverified_from: int, span: ChangelogSpan) -> bool:
+    """Whether a transaction's records, `span` of a changelog partition, follow the writer's
+    last verified record with nothing of anyone else's in between: the one offset before them
+    is then the writer's previous commit marker (a committed transaction takes exactly one
+    offset per partition for its commit marker), and they are contiguous."""
+    return span.first == unverified_from + 1 and span.last - span.first + 1 == span.records
