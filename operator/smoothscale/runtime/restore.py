@@ -48,10 +48,9 @@ the throughput benchmark's changelog (240,104 records, 8 tasks) restored at 436,
 2,000 against 285,162 at 250 (medians of 4, in one process with its broker, 2026-11-27). A read
 holds the loop's lock: 2,000 records take about a millisecond to read and fold."""
 _CONSUME_SECONDS = 0.02
-"""Longest a consume of the restore loop waits for records, holding the loop's lock. A caller
-(the instance's tick: follow, unfollow, read positions) wakes it (`_held`); the wait bounds how
-stale a followed task's fold is while its records trickle in (a consume returns early only
-with a full chunk)."""
+"""Longest a consume of the restore loop waits for a record, holding the loop's lock (it then
+takes what is queued, up to READ_CHUNK). A caller (the instance's tick: follow, unfollow, read
+positions) wakes it (`_held`)."""
 QUEUE_BACKOFF_MS = 10
 """How long the restore consumer waits to fetch again once its local queue is full (librdkafka's
 queued.min.messages, 100,000 records). A restore applies records more slowly than librdkafka
