@@ -116,24 +116,29 @@ def reason(classified: "DataFrame") -> "Column":
 
 
 def split(classified: "DataFrame", pipeline: JsonInput) -> "tuple[DataFrame, DataFrame]":
-    """Classified rows as (good rows, bad rows).
+    """Classified rows as (good rows, bad rows): `good_rows` and `bad_rows`."""
+    return good_rows(classified, pipeline), bad_rows(classified)
 
-    Good rows have columns partition, offset, timestamp, key (the record key as a STRING), then
-    the fields of `pipeline.value_schema`. Bad rows have topic, partition, offset, key, value (as
-    read) and reason.
-    """
+
+def good_rows(classified: "DataFrame", pipeline: JsonInput) -> "DataFrame":
+    """The classified rows that are good, with columns partition, offset, timestamp, key (the
+    record key as a STRING), then the fields of `pipeline.value_schema`."""
     fields = _value_fields(pipeline)
-    good = classified.where(f"{_REASON_COLUMN} IS NULL").selectExpr(
+    return classified.where(f"{_REASON_COLUMN} IS NULL").selectExpr(
         "partition",
         "offset",
         "timestamp",
         "CAST(key AS STRING) AS key",
         *(f"{_PARSED_COLUMN}.{_name(field)} AS {_name(field)}" for field in fields),
     )
-    bad = classified.where(f"{_REASON_COLUMN} IS NOT NULL").selectExpr(
+
+
+def bad_rows(classified: "DataFrame") -> "DataFrame":
+    """The classified rows that are bad, with columns topic, partition, offset, key, value (as
+    read) and reason."""
+    return classified.where(f"{_REASON_COLUMN} IS NOT NULL").selectExpr(
         "topic", "partition", "offset", "key", "value", f"{_REASON_COLUMN} AS reason"
     )
-    return good, bad
 
 
 def sql_literal(text: str) -> str:

@@ -165,25 +165,34 @@ class MicroBatch:
         its records, the newest one's time) is what the source noted it read
         (`source.batch_reads`); a second job over the rows computes it only when the source's
         notes cannot say, and bad records are fetched only when some were counted. Nothing is
-        persisted: a job that reads the batch again (rare) reads it from Kafka again."""
+        persisted: a job that reads the batch again (rare) reads it from Kafka again.
+
+        A frame is built only where it is used: each costs the driver a plan analysis in the
+        JVM, 5-20 ms on a quiet machine and several times that beside the commits, and the frames
+        of the bad records and of the records as read are used only when some are bad or the
+        pipeline raised."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
-        from smoothscale.runtime.decode import reason, split
+        from smoothscale.runtime.decode import bad_rows, good_rows, reason
 
         observation = Observation()
         observed = classified.observe(observation, F.count(reason(classified)).alias("bad"))
-        rows = classified.select(*columns)
-        good, bad = split(observed, self.input)
+        good = good_rows(observed, self.input)
+
+        def read() -> "DataFrame":
+            """The batch's records as the source read them."""
+            return classified.select(*columns)
+
         collected = BatchInput()
         pipeline = self.pipeline
         poisoned: list[Row] = []
         if isinstance(pipeline, PreparedProcessor):
             collected.rows = _rows_per_task(pipeline, good)
-            collected.records_at = lambda task, offsets: _records_at(rows, task, offsets)
+            collected.records_at = lambda task, offsets: _records_at(read(), task, offsets)
         else:
-            updates, poisoned = self._aggregate(pipeline, rows, good)
-            collected.records_of = lambda task, key: self._records_of(pipeline, rows, task, key)
+            updates, poisoned = self._aggregate(pipeline, read, good)
+            collected.records_of = lambda task, key: self._records_of(pipeline, read(), task, key)
             for task, key, update in updates:
                 collected.updates.setdefault(task, []).append((key, update))
         bad_count = _observed_count(observation)
@@ -195,15 +204,16 @@ class MicroBatch:
             return None
         # Bad records are rare: a Spark job fetches them only when some were counted (a small
         # batch costs Spark mostly per job, docs/runtime.md, A micro-batch).
-        bad_rows = [*(bad.collect() if bad_count else []), *poisoned]
-        for row in bad_rows:
+        dead = [*(bad_rows(observed).collect() if bad_count else []), *poisoned]
+        for row in dead:
             collected.dead_letters.setdefault(int(row["partition"]), []).append(row)
         return collected
 
     def _aggregate(
-        self, pipeline: Pipeline, rows: "DataFrame", good: "DataFrame"
+        self, pipeline: Pipeline, read: Callable[[], "DataFrame"], good: "DataFrame"
     ) -> "tuple[list[Update], list[Row]]":
-        """The pipeline's updates for the batch, and the records it raised on (as dead letters).
+        """The pipeline's updates for the batch, and the records it raised on (as dead letters;
+        `read` gives the batch's records as read).
 
         When `aggregate` raises in its Python code, the records that make it raise are found
         by halving the batch (a few small Spark jobs, only then), sent to the dead-letter topic,
@@ -217,6 +227,7 @@ class MicroBatch:
         try:
             return self._updates(pipeline, good), []
         except PythonException as error:
+            rows = read()
             records = rows.collect()
             poisoned = self._poisoned(pipeline, rows, records)
             if not poisoned:
