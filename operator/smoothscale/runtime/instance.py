@@ -1051,10 +1051,8 @@ class Instance:
             if state_key is not None and state_key.decode() not in changing:
                 candidates[state_key] = None
         keys = list(candidates)
-        current_records = state.record_keys(store, keys)
-        values = state.get_many(store, keys)
-        for state_key, current, value in zip(keys, current_records, values, strict=True):
-            if current is None or value is not None:
+        for state_key, current in zip(keys, state.deletes(store, keys), strict=True):
+            if current is None:
                 continue  # not a delete
             prefix = b"d:" + state_key + b"@"
             if any(pending.startswith(prefix) for pending in unverified):

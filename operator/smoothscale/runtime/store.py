@@ -191,6 +191,14 @@ class TaskState:
         entries = self._lookup(store, keys)
         return [None if entry is None else record_key_of(entry) for entry in entries]
 
+    def deletes(self, store: str, keys: list[bytes]) -> list[bytes | None]:
+        """Per state key, the changelog record key of the delete its entry is (None: the key has
+        no entry, or its entry is a value)."""
+        return [
+            None if entry is None or value_of(entry) is not None else record_key_of(entry)
+            for entry in self._lookup(store, keys)
+        ]
+
     def _lookup(self, store: str, keys: list[bytes]) -> list[bytes | None]:
         if not keys:
             return []
