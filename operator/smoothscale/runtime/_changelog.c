@@ -1580,9 +1580,9 @@ static PyObject *read_folded(PyObject *module, PyObject *args) {
     rd_kafka_queue_t *queue = rdk.queue_get_consumer(rk);
     ssize_t consumed = -1;
     if (queue != NULL) {
-        /* librdkafka's batch consume waits for `count` messages or the timeout: it waits for
-         * the first message only, then takes what is queued. (Waiting for a whole chunk, the
-         * last read of every restore waited out its timeout: 20 ms of a 0.25 s restore.) */
+        /* librdkafka's batch consume waits for all `count` messages or the timeout, so a read
+         * asks it for one message, then for what is queued. (Asked for a whole chunk, the last
+         * read of every restore waited out its timeout: 20 ms of a 0.25 s restore.) */
         int timeout_ms = milliseconds(timeout);
         Py_BEGIN_ALLOW_THREADS
         consumed = rdk.consume_batch_queue(queue, timeout_ms, messages, 1);
