@@ -129,8 +129,9 @@ class TaskProducer:
         Only the first and the last changelog record of each store are delivered to a Python
         callback: the idempotent producer keeps a partition's records in order, so theirs are
         the span's offsets, and a record Kafka refused fails the commit, callback or not
-        (librdkafka makes the transaction abortable; tried on the mock brokers). A callback a
-        record was a third of the commit threads' Python time (2026-11-28, py-spy).
+        (librdkafka makes the transaction abortable; tried on the mock brokers). With a
+        callback a record, a commit of 5,001 changelog and 2,500 output records took 20 ms;
+        this way 16 ms (2026-11-28).
         """
         edges: dict[str, list[int]] = {}
         failures: list[KafkaError] = []
