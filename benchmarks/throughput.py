@@ -16,10 +16,14 @@ input, one JVM at a time:
    last batch is done. Throughput counts the records of every micro-batch after the first (the
    first pays for starting Spark's Python workers) over the time from the end of the first to
    the end of the last. Both outputs are checked: each user's last total equals its records.
-3. restore: the changelog smoothscale wrote in 1, read to its end by a raw confluent-kafka
-   consumer (read_committed, every partition), and restored into fresh local stores by a
-   warm-up's restore loop (the instance's `RestoreLoop`; the stores opened first and timed
-   apart, as the consumer is created first): --repeat runs each, in turn, their medians.
+   --rounds pairs of 1 and 2, each pair in the other order than the last, each query in a
+   process and JVM of its own, into topics and state of its own round: the ratio is the median
+   of the pairs' ratios (one pair moved by a tenth within minutes on a shared host).
+3. restore: the changelog smoothscale wrote in its first round, read to its end by a raw
+   confluent-kafka consumer (read_committed, every partition), and restored into fresh local
+   stores by a warm-up's restore loop (the instance's `RestoreLoop`; the stores opened first
+   and timed apart, as the consumer is created first): --repeat runs each, in turn, their
+   medians.
 
 `--processor` runs the same comparison for a StatefulProcessor pipeline instead (issue 21): the
 running count as a processor (examples/processors/running_count.py) in the worker, against
@@ -32,6 +36,7 @@ table; docs/benchmarks/throughput.md holds the latest results.
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import statistics
@@ -42,9 +47,10 @@ import time
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from restoring import restore_seconds
@@ -75,6 +81,7 @@ RAW_CHUNK = 250
 and the garbage collector's work on the ones a consume holds grows with the chunk: 923,165
 records/s at 250 against 558,671 at 10,000 (medians of 7), 975,000 against 819,000 at 2,000
 (medians of 4). The restore reads its own chunk (READ_CHUNK), which suits it."""
+T = TypeVar("T")
 BATCHES_METRIC = "smoothscale_batch_duration_seconds_count"
 PROCESSED_METRIC = "smoothscale_records_processed_total{"
 
@@ -263,11 +270,15 @@ def run_plain_spark(
     workdir: Path,
     partitions: int,
     batch: int,
+    *,
     count: Callable[["DataFrame"], "DataFrame"],
+    output: str,
 ) -> list[tuple[float, int]]:
     """The plain query (`count` of the users, a user and count column per row) over every
-    partition until it has read all input; (end time, records) per micro-batch with input,
-    from Spark's own progress reports."""
+    partition until it has read all input, its totals written to `output`; (end time, records)
+    per micro-batch with input, from Spark's own progress reports. Run in a process of its own
+    (`in_own_process`): a second session in the same process would find the last one's JVM
+    warm, which no worker does."""
     from pyspark.sql import DataFrame
     from pyspark.sql import functions as F
 
@@ -277,7 +288,7 @@ def run_plain_spark(
 
     def write_totals(totals: DataFrame, _batch_id: int) -> None:
         for row in totals.collect():
-            producer.produce(PLAIN_OUTPUT, key=row["user"].encode(), value=str(row["count"]))
+            producer.produce(output, key=row["user"].encode(), value=str(row["count"]))
         if producer.flush(60):
             raise RuntimeError("the totals were not delivered within 60 s")
 
@@ -351,21 +362,118 @@ def raw_read_seconds(bootstrap_servers: str, topic: str, partitions: int) -> tup
         consumer.close()
 
 
+def in_own_process(function: Callable[..., T], *arguments: Any, **keywords: Any) -> T:
+    """`function(*arguments, **keywords)` in a fresh Python process (spawned: nothing of this
+    one's JVM or threads goes with it)."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(function, *arguments, **keywords).result()
+
+
+class Round(NamedTuple):
+    """One pair of runs over the same input, into topics and state of the round's own."""
+
+    number: int
+    kafka: EmbeddedKafka
+    workdir: Path
+    args: argparse.Namespace
+    pipeline: str
+    count: Callable[["DataFrame"], "DataFrame"]
+    expected: Counter[str]
+
+    def smoothscale(self) -> tuple[dict[str, Any], WorkerConfig]:
+        """The worker through the input as a new app of its own; its rate and its config."""
+        args, bootstrap_servers = self.args, self.kafka.bootstrap_servers
+        app = f"{APP}-{self.number}"
+        workdir = self.workdir / f"smoothscale-{self.number}"
+        workdir.mkdir()
+        config = WorkerConfig(
+            app_id=app,
+            instance_id=f"{app}-0",
+            bootstrap_servers=bootstrap_servers,
+            input_topics=[INPUT],
+            output_topic=f"{OUTPUT}-{self.number}",
+            stores={STORE: None},
+            pipeline=self.pipeline,
+            trigger_interval=0,
+            state_dir=workdir / "state",
+            metrics_port=free_port(),
+            max_records_per_partition=args.batch,
+        )
+        for topic in (
+            config.output_topic,
+            config.dead_letters(),
+            *config.changelog_topics().values(),
+        ):
+            self.kafka.create_topic(topic, args.partitions)
+        self.kafka.create_topic(names.assignments_topic(app), 1)
+        operator = AssignmentWriter(bootstrap_servers, app)
+        active = TaskAssignment(role=TaskRole.ACTIVE, epoch=1)
+        operator.write(
+            config.instance_id,
+            Assignment(generation=1, tasks=dict.fromkeys(range(args.partitions), active)),
+        )
+        operator.close()
+        print(f"round {self.number}, smoothscale worker: processing the input", flush=True)
+        rate = rate_after_first(run_smoothscale(config, workdir, args.records))
+        totals = last_totals(bootstrap_servers, config.output_topic, args.partitions)
+        return {**rate, "exact": totals == self.expected}, config
+
+    def plain_spark(self) -> dict[str, Any]:
+        """The plain query through the input, in a process of its own; its rate."""
+        args, bootstrap_servers = self.args, self.kafka.bootstrap_servers
+        output = f"{PLAIN_OUTPUT}-{self.number}"
+        workdir = self.workdir / f"plain-{self.number}"
+        workdir.mkdir()
+        self.kafka.create_topic(output, args.partitions)
+        print(f"round {self.number}, plain Spark: processing the same input", flush=True)
+        batches = in_own_process(
+            run_plain_spark,
+            bootstrap_servers,
+            workdir,
+            args.partitions,
+            args.batch,
+            count=self.count,
+            output=output,
+        )
+        totals = last_totals(bootstrap_servers, output, args.partitions)
+        return {**rate_after_first(batches), "exact": totals == self.expected}
+
+
+def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One query's runs: the median rate, the fewest batches and records measured, all exact."""
+    return {
+        "records_per_second": round(statistics.median(r["records_per_second"] for r in runs)),
+        "records_measured": min(r["records_measured"] for r in runs),
+        "micro_batches": min(r["micro_batches"] for r in runs),
+        "exact": all(r["exact"] for r in runs),
+    }
+
+
+def _rate(run: dict[str, Any]) -> str:
+    return (
+        f"{run['records_per_second']:,} ({run['micro_batches']} batches, "
+        f"{run['seconds_measured']} s)"
+    )
+
+
 def markdown(results: dict[str, Any]) -> str:
     smoothscale, plain = results["smoothscale"], results["plain_spark"]
     restore = results["restore"]
     rows = [
-        "| | smoothscale | plain Spark (RocksDB state) |",
-        "| --- | --- | --- |",
-        f"| records/s | {smoothscale['records_per_second']:,} | {plain['records_per_second']:,} |",
-        f"| records measured / seconds | {smoothscale['records_measured']:,} / "
-        f"{smoothscale['seconds_measured']} | {plain['records_measured']:,} / "
-        f"{plain['seconds_measured']} |",
-        f"| micro-batches | {smoothscale['micro_batches']} | {plain['micro_batches']} |",
-        f"| every user's last total right | {smoothscale['exact']} | {plain['exact']} |",
+        "| round (first) | smoothscale records/s | plain Spark (RocksDB state) records/s | ratio |",
+        "| --- | --- | --- | --- |",
+        *(
+            f"| {n} ({r['first']}) | {_rate(r['smoothscale'])} | {_rate(r['plain_spark'])} "
+            f"| {r['ratio']} |"
+            for n, r in enumerate(results["rounds"], 1)
+        ),
+        f"| median | {smoothscale['records_per_second']:,} | {plain['records_per_second']:,} "
+        f"| **{results['throughput_ratio']}** |",
         "",
-        f"smoothscale / plain Spark: **{results['throughput_ratio']}** (goal at least "
-        f"{results['throughput_goal']}).",
+        f"smoothscale / plain Spark, the median of the rounds' ratios: "
+        f"**{results['throughput_ratio']}** (goal at least {results['throughput_goal']}). "
+        f"Every user's last total right: smoothscale {smoothscale['exact']}, plain Spark "
+        f"{plain['exact']} (every round).",
         "",
         f"| changelog of {restore['changelog_records']:,} records | records/s |",
         "| --- | --- |",
@@ -390,6 +498,7 @@ def main() -> int:
     parser.add_argument("--users", type=int, default=24_000)
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--batch", type=int, default=5_000, help="records/partition/batch")
+    parser.add_argument("--rounds", type=int, default=5, help="pairs of throughput runs")
     parser.add_argument("--repeat", type=int, default=3, help="restore measurements, each way")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks")
     parser.add_argument(
@@ -415,47 +524,33 @@ def main() -> int:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
     }
     with EmbeddedKafka(brokers=1) as kafka, tempfile.TemporaryDirectory() as tmp:
-        workdir = Path(tmp)
-        config = WorkerConfig(
-            app_id=APP,
-            instance_id="throughput-0",
-            bootstrap_servers=kafka.bootstrap_servers,
-            input_topics=[INPUT],
-            output_topic=OUTPUT,
-            stores={STORE: None},
-            pipeline=pipeline,
-            trigger_interval=0,
-            state_dir=workdir / "state",
-            metrics_port=free_port(),
-            max_records_per_partition=args.batch,
-        )
-        changelog = config.changelog_topics()[STORE]
-        for topic in (INPUT, OUTPUT, PLAIN_OUTPUT, config.dead_letters(), changelog):
-            kafka.create_topic(topic, args.partitions)
-        kafka.create_topic(names.assignments_topic(APP), 1)
+        kafka.create_topic(INPUT, args.partitions)
         expected = produce_input(kafka.bootstrap_servers, args.records, args.users, args.partitions)
-        operator = AssignmentWriter(kafka.bootstrap_servers, APP)
-        active = TaskAssignment(role=TaskRole.ACTIVE, epoch=1)
-        operator.write(
-            config.instance_id,
-            Assignment(generation=1, tasks=dict.fromkeys(range(args.partitions), active)),
-        )
-        operator.close()
+        rounds: list[dict[str, Any]] = []
+        configs: list[WorkerConfig] = []
+        for number in range(1, args.rounds + 1):
+            pair = Round(number, kafka, Path(tmp), args, pipeline, count, expected)
+            first = "smoothscale" if number % 2 else "plain Spark"  # drift falls on both alike
+            if first == "plain Spark":
+                plain = pair.plain_spark()
+            smoothscale, config = pair.smoothscale()
+            if first == "smoothscale":
+                plain = pair.plain_spark()
+            configs.append(config)
+            rounds.append(
+                {
+                    "first": first,
+                    "smoothscale": smoothscale,
+                    "plain_spark": plain,
+                    "ratio": round(
+                        smoothscale["records_per_second"] / plain["records_per_second"], 2
+                    ),
+                }
+            )
 
-        print("smoothscale worker: processing the input", flush=True)
-        smoothscale = rate_after_first(run_smoothscale(config, workdir, args.records))
-        smoothscale["exact"] = (
-            last_totals(kafka.bootstrap_servers, OUTPUT, args.partitions) == expected
-        )
-        print("plain Spark: processing the same input", flush=True)
-        plain = rate_after_first(
-            run_plain_spark(kafka.bootstrap_servers, workdir, args.partitions, args.batch, count)
-        )
-        plain["exact"] = last_totals(kafka.bootstrap_servers, PLAIN_OUTPUT, args.partitions) == (
-            expected
-        )
-
-        print("restore: the changelog smoothscale wrote", flush=True)
+        print("restore: the changelog smoothscale wrote in its first round", flush=True)
+        config = configs[0]
+        changelog = config.changelog_topics()[STORE]
         raw, restores = [], []
         for _ in range(args.repeat):  # in turn: the machine's load falls on both alike
             raw.append(raw_read_seconds(kafka.bootstrap_servers, changelog, args.partitions))
@@ -467,11 +562,10 @@ def main() -> int:
 
     results = {
         "settings": settings,
-        "smoothscale": smoothscale,
-        "plain_spark": plain,
-        "throughput_ratio": round(
-            smoothscale["records_per_second"] / plain["records_per_second"], 2
-        ),
+        "rounds": rounds,
+        "smoothscale": summary([r["smoothscale"] for r in rounds]),
+        "plain_spark": summary([r["plain_spark"] for r in rounds]),
+        "throughput_ratio": round(statistics.median(r["ratio"] for r in rounds), 2),
         "throughput_goal": goal,
         "restore": {
             "changelog_records": changelog_records,
@@ -487,7 +581,8 @@ def main() -> int:
     table = markdown(results)
     (args.out / f"throughput{name}-table.md").write_text(table)
     print(table)
-    return 0 if smoothscale["exact"] and plain["exact"] else 1
+    exact = results["smoothscale"]["exact"] and results["plain_spark"]["exact"]
+    return 0 if exact else 1
 
 
 if __name__ == "__main__":

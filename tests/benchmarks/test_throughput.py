@@ -21,7 +21,7 @@ def test_the_benchmark_runs_both_queries_exactly_and_writes_its_results(
 ) -> None:
     out = tmp_path / "out"
     arguments = ["--records", "6000", "--users", "600", "--partitions", "2", "--batch", "500"]
-    arguments += ["--repeat", "1", "--out", str(out)]
+    arguments += ["--rounds", "1", "--repeat", "1", "--out", str(out)]
     arguments += ["--processor"] if processor else []
     name = "throughput-processor" if processor else "throughput"
     subprocess.run(
@@ -35,5 +35,6 @@ def test_the_benchmark_runs_both_queries_exactly_and_writes_its_results(
     for query in ("smoothscale", "plain_spark"):
         assert results[query]["records_measured"] > 0
         assert results[query]["micro_batches"] >= 2
+    assert len(results["rounds"]) == 1
     assert results["restore"]["changelog_records"] >= 600, "every user's total in the changelog"
     assert "smoothscale / plain Spark" in (out / f"{name}-table.md").read_text()
