@@ -59,8 +59,9 @@ def _write_classes(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from smoothscale.runtime.config import WorkerConfigError, load_worker_config
     from smoothscale.runtime.pipeline import PipelineError
-    from smoothscale.runtime.worker import run_worker
+    from smoothscale.runtime.worker import GIL_SWITCH_SECONDS, run_worker
 
+    sys.setswitchinterval(GIL_SWITCH_SECONDS)
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

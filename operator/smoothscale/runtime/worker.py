@@ -54,6 +54,14 @@ TICK_SECONDS = 0.1
 KEEP_WARM_SECONDS = 30.0
 """Longest an instance reads no input before it reads its warm-up sample again (Spark stops
 Python workers idle for a minute)."""
+GIL_SWITCH_SECONDS = 0.0005
+"""The worker process's GIL switch interval (Python's default is 5 ms). A batch's commit runs
+in Python on a thread of its own (about 50 ms of CPU a task at the throughput benchmark's
+sizes) while Spark's thread builds and runs the next batch through many short calls into the
+JVM, and after each it waits for the GIL: up to the interval while the committer holds it. At
+the default, building a batch's first two frames took 30-120 ms and a batch 1.17-1.27 s; at
+0.5 ms, 26-63 ms and 1.04-1.13 s, and throughput against plain Spark went from 0.86-0.87 to
+0.88-0.95 (docs/benchmarks/throughput.md, Fourteenth session)."""
 WARM_UP_TIMEOUT_SECONDS = 120.0
 """Longest a new instance waits for its warm-up batch before it says it is ready anyway."""
 WARM_UP_ROUNDS = 6
