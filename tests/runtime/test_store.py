@@ -10,6 +10,7 @@ from rocksdict import Options, Rdict
 from smoothscale.runtime._changelog import Fold, forget_reclaimed
 from smoothscale.runtime.changelog import KIND_CODES, RecordKind
 from smoothscale.runtime.store import (
+    LOOKUP_CHUNK,
     StateChanges,
     TaskState,
     entry,
@@ -59,6 +60,22 @@ def test_a_delete_is_kept_until_its_own_record_is_reclaimed(tmp_path: Path) -> N
         reclaim.reclaim("counts", [b"d:bob@1.0.0.2"], [b"bob"])
         state.apply(reclaim)
         assert state.record_keys("counts", [b"bob"]) == [None]
+    finally:
+        state.close()
+
+
+def test_many_keys_read_back_in_the_order_asked(tmp_path: Path) -> None:
+    """More keys than one read takes (LOOKUP_CHUNK), present and absent in turn."""
+    state = TaskState(tmp_path, 0, ["counts"])
+    try:
+        changes = StateChanges()
+        for i in range(0, 2 * LOOKUP_CHUNK + 7, 2):
+            changes.put("counts", f"k{i}".encode(), f"d:k{i}@1.0.0.1".encode(), str(i).encode())
+        state.apply(changes)
+        keys = [f"k{i}".encode() for i in reversed(range(2 * LOOKUP_CHUNK + 7))]
+        assert state.get_many("counts", keys) == [
+            None if int(key[1:]) % 2 else key[1:] for key in keys
+        ]
     finally:
         state.close()
 

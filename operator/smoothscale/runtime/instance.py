@@ -68,7 +68,13 @@ from smoothscale.runtime.restore import (
 )
 from smoothscale.runtime.source import write_plan
 from smoothscale.runtime.spark import SPARK_CORES
-from smoothscale.runtime.store import StateChanges, TaskState, task_directory
+from smoothscale.runtime.store import (
+    StateChanges,
+    TaskState,
+    record_key_of,
+    task_directory,
+    value_of,
+)
 from smoothscale.runtime.transactions import (
     ChangelogSpan,
     OutputRecord,
@@ -131,6 +137,13 @@ visible without flapping."""
 _STATE_DECODER = json.JSONDecoder()
 """Reads a state's JSON: a stored value is the changelog encoder's ASCII, so it is decoded as
 text at once (json.loads would first guess the encoding of the bytes, a third of its time)."""
+
+
+def _state(stored: bytes) -> Any:
+    """A stored state value. Digits alone are a non-negative int (a count, the commonest
+    state): read without the decoder, whose call cost more than the rest (`json_bytes` writes
+    such a state the same way)."""
+    return int(stored) if stored.isdigit() else _STATE_DECODER.decode(stored.decode())
 
 
 class BatchLock:
@@ -903,13 +916,16 @@ class Instance:
         store = self.pipeline.store
         if isinstance(self.pipeline, PreparedProcessor):
             changed, outputs, bad = self._run_processor(self.pipeline, task, active, batch)
+            state_keys = [key.encode() for key in changed]
+            replaced = active.state.record_keys(store, state_keys)
         else:
-            changed, outputs, bad = self._apply_updates(self.pipeline, task, active, batch)
+            changed, outputs, bad, held = self._apply_updates(self.pipeline, task, active, batch)
+            state_keys = [key.encode() for key in changed]
+            replaced = [held[key] for key in changed]
         positions = {**active.state.input_positions(), **batch.ends[task]}
         number = active.batch + 1
-        state_keys = [key.encode() for key in changed]
         writer = active.writer
-        records = changes(writer, number, changed, active.state.record_keys(store, state_keys))
+        records = changes(writer, number, changed, replaced)
         closing = closer(writer, number, positions, active.last_closer)
         reclaim = self._tombstones(active, set(changed))
         self._note_pipeline_errors(task, bad)
@@ -997,17 +1013,24 @@ class Instance:
 
     def _apply_updates(
         self, pipeline: Pipeline, task: TaskId, active: _Active, batch: BatchInput
-    ) -> tuple[dict[str, Any], list[OutputRecord], list[Any]]:
+    ) -> tuple[dict[str, Any], list[OutputRecord], list[Any], dict[str, bytes | None]]:
         """An aggregate/apply pipeline's batch of one task: `apply` folds each update into its
-        key's state; the new states, the outputs, and the dead letters (the bad records, and
-        the records of the keys `apply` raised on)."""
+        key's state; the new states, the outputs, the dead letters (the bad records, and the
+        records of the keys `apply` raised on), and per key of the batch the changelog record
+        key of its value before (None: none), read with it."""
         store = pipeline.store
         updates = batch.updates.get(task, [])
         current: dict[str, Any] = {}
+        held: dict[str, bytes | None] = {}
         keys = list(dict.fromkeys(key for key, _ in updates))
-        olds = active.state.get_many(store, [key.encode() for key in keys])
-        for key, raw in zip(keys, olds, strict=True):
-            current[key] = None if raw is None else _STATE_DECODER.decode(raw.decode())
+        entries = active.state.entries(store, [key.encode() for key in keys])
+        for key, stored in zip(keys, entries, strict=True):
+            if stored is None:
+                current[key] = held[key] = None
+                continue
+            held[key] = record_key_of(stored)
+            raw = value_of(stored)
+            current[key] = None if raw is None else _state(raw)
         outputs: list[OutputRecord] = []
         changed: dict[str, Any] = {}
         bad = list(batch.dead_letters.get(task, []))
@@ -1027,7 +1050,7 @@ class Instance:
             current[key] = new_state
             changed[key] = new_state
             outputs.extend(emitted)
-        return changed, outputs, bad
+        return changed, outputs, bad, held
 
     def _tombstones(self, active: _Active, changing: set[str]) -> list[ChangelogRecord]:
         """Tombstones for verified garbage records of the pipeline store, as many as the batch
