@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
+from confluent_kafka import Producer
 
 from devstack.kafka.embedded import EmbeddedKafka
 from devstack.kafka.front import KafkaFront
@@ -384,10 +385,35 @@ class Hook:
     action: Callable[[], None]
 
 
+class HookedProducer:
+    """A task producer's Kafka producer whose `produce` runs `before` and `after` each record
+    (the records as `parse_record` reads them; None: an output record)."""
+
+    def __init__(
+        self,
+        inner: Producer,
+        before: Callable[[Any], None],
+        after: Callable[[Any], None],
+    ) -> None:
+        self._inner, self._before, self._after = inner, before, after
+
+    def produce(self, topic: str, value: Any = None, key: Any = None, **rest: Any) -> None:
+        try:
+            changelog = parse_record(key, value, rest.get("headers"))
+        except ChangelogFormatError:  # an output record
+            changelog = None
+        self._before(changelog)
+        self._inner.produce(topic, value, key, **rest)
+        self._after(changelog)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
 @contextmanager
 def hooked(history: History, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The task's producers run the history's hook, once, where it says."""
-    produce, commit = TaskProducer._produce, TaskProducer.commit
+    init, commit = TaskProducer.__init__, TaskProducer.commit
 
     def run(producer: TaskProducer, where: str) -> None:
         hook = history.hook
@@ -396,17 +422,18 @@ def hooked(history: History, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
             producer._flush()
             hook.action()
 
-    def with_hook(producer: TaskProducer, topic: str, **record: Any) -> None:
-        try:
-            changelog = parse_record(record["key"], record["value"], record["headers"])
-            kind, batch = changelog.kind, changelog.batch
-        except ChangelogFormatError:  # an output record
-            kind, batch = None, None
-        if kind is RecordKind.CLOSE and batch != 0:  # not a start position
-            run(producer, "closer")
-        produce(producer, topic, **record)
-        if kind is RecordKind.MARKER:
-            run(producer, "marker")
+    def with_hook(producer: TaskProducer, *args: Any, **kwargs: Any) -> None:
+        init(producer, *args, **kwargs)
+
+        def before(record: Any) -> None:
+            if record is not None and record.kind is RecordKind.CLOSE and record.batch != 0:
+                run(producer, "closer")  # a batch's closer, not a start position
+
+        def after(record: Any) -> None:
+            if record is not None and record.kind is RecordKind.MARKER:
+                run(producer, "marker")
+
+        producer._producer = HookedProducer(producer._producer, before, after)  # type: ignore[assignment]
 
     def with_commit_hook(
         producer: TaskProducer, changelog: Any, outputs: Any = (), also: Any = None
@@ -420,7 +447,7 @@ def hooked(history: History, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
         return commit(producer, changelog, outputs, then)
 
-    monkeypatch.setattr(TaskProducer, "_produce", with_hook)
+    monkeypatch.setattr(TaskProducer, "__init__", with_hook)
     monkeypatch.setattr(TaskProducer, "commit", with_commit_hook)
     yield
 

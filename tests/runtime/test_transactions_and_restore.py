@@ -92,6 +92,27 @@ def test_a_committed_batch_is_restored_with_its_input_position(config: WorkerCon
     assert sorted(json.loads(m.value() or b"") for m in outputs) == [2, 3]
 
 
+def test_a_batch_larger_than_the_producers_queue_commits_whole(config: WorkerConfig) -> None:
+    """The producer's queue holds 50 records; a batch of 300 changelog and 200 output records
+    waits for room rather than failing, and every record of it is committed once."""
+    small = config.model_copy(update={"kafka_config": {"queue.buffering.max.messages": 50}})
+    producer = TaskProducer(small, task=0, epoch=1)
+    counts = {f"user-{i:03d}": i for i in range(300)}
+    outputs = [(f"user-{i:03d}", i) for i in range(200)]
+    positions = producer.commit(batch(A, 1, counts, 300), outputs=outputs)
+    producer.close()
+
+    assert positions[STORE] >= 301  # 300 data records and the closer
+    state = restored(config, 0, "fresh")
+    try:
+        assert state.snapshot(STORE) == counts
+        assert state.input_positions() == {"clicks": 300}
+    finally:
+        state.close()
+    written = read_committed(config.bootstrap_servers, config.output_topic, 2)
+    assert sorted(json.loads(m.value() or b"") for m in written) == list(range(200))
+
+
 def test_an_aborted_batch_leaves_no_trace(config: WorkerConfig) -> None:
     producer = TaskProducer(config, task=0, epoch=1)
     producer.commit(batch(A, 1, {"alice": 1}, 1), outputs=[("alice", 1)])

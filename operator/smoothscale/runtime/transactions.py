@@ -147,6 +147,9 @@ class TaskProducer:
             return on_delivery
 
         epoch_header: Headers = [(EPOCH_HEADER, str(self.epoch).encode())]
+        # A record a call, thousands a commit: the producer's own call in the loops, and the
+        # one that waits for room in its queue only when it is full.
+        produce, task, output_topic = self._producer.produce, self.task, self._output_topic
         self._finish_abort()
         try:
             self._producer.begin_transaction()
@@ -155,23 +158,41 @@ class TaskProducer:
                 edge = on_edge(store)
                 last = len(records) - 1
                 for index, record in enumerate(records):
-                    self._produce(
-                        topic,
-                        key=record.key,
-                        value=record.value,
-                        headers=record.headers(),
-                        on_delivery=edge if index in (0, last) else None,
-                        partition=self.task,
+                    key, value, headers = record.key, record.value, record.headers()
+                    delivery = edge if index in (0, last) else None
+                    try:
+                        produce(
+                            topic,
+                            value,
+                            key,
+                            partition=task,
+                            on_delivery=delivery,
+                            headers=headers,
+                        )
+                    except BufferError:
+                        self._produce_when_room(
+                            topic,
+                            key=key,
+                            value=value,
+                            headers=headers,
+                            on_delivery=delivery,
+                            partition=task,
+                        )
+            for user_key, output in outputs:
+                key, value = user_key.encode(), json_bytes(_OUTPUT_ENCODER, output)
+                try:
+                    produce(
+                        output_topic, value, key, partition=_ANY_PARTITION, headers=epoch_header
                     )
-            for key, value in outputs:
-                self._produce(
-                    self._output_topic,
-                    key=key.encode(),
-                    value=json_bytes(_OUTPUT_ENCODER, value),
-                    headers=epoch_header,
-                    on_delivery=None,
-                    partition=_ANY_PARTITION,
-                )
+                except BufferError:
+                    self._produce_when_room(
+                        output_topic,
+                        key=key,
+                        value=value,
+                        headers=epoch_header,
+                        on_delivery=None,
+                        partition=_ANY_PARTITION,
+                    )
             if also is not None:
                 also(self._producer)
             if self._flush():
@@ -205,7 +226,7 @@ class TaskProducer:
             raise
         return remaining
 
-    def _produce(
+    def _produce_when_room(
         self,
         topic: str,
         *,
@@ -215,7 +236,9 @@ class TaskProducer:
         on_delivery: Callable[[KafkaError | None, Message], None] | None,
         partition: int,
     ) -> None:
+        """Produce one record once the producer's queue has room for it."""
         while True:
+            self._producer.poll(0.1)
             try:
                 self._producer.produce(
                     topic,
@@ -227,7 +250,7 @@ class TaskProducer:
                 )
                 return
             except BufferError:
-                self._producer.poll(0.1)
+                continue
 
     def _end_transaction(self) -> None:
         """Commit the open transaction. Raises TransactionError when it was aborted (nothing of
