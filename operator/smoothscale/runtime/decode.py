@@ -2,9 +2,10 @@
 
 A record's value is JSON of the pipeline's `value_schema`. `decode` splits a raw micro-batch (the
 source's rows) into good rows, parsed into columns, and bad rows, each with the reason it is bad
-(in two steps, `classify` then `split`, for a caller that keeps the classified rows).
-Bad records never stop the instance: the runtime sends them to the dead-letter topic with
-`send_dead_letters` (reason and origin in headers) and counts them by reason.
+(in two steps, `classify` then `good_rows` and `bad_rows`, for a caller that keeps the
+classified rows). Bad records never stop the instance: the runtime sends them to the
+dead-letter topic with `send_dead_letters` (reason and origin in headers) and counts them by
+reason.
 
 What makes a record bad (the `reason`, one of `REASONS`):
 - null-value: the value is null (a tombstone);
@@ -87,17 +88,19 @@ _REASON_COLUMN = "_smoothscale_reason"
 
 
 def decode(batch: "DataFrame", pipeline: JsonInput) -> "tuple[DataFrame, DataFrame]":
-    """Split the source's rows into (good rows, bad rows): `split(classify(batch, pipeline))`.
+    """Split the source's rows into (good rows, bad rows): `good_rows` and `bad_rows` of
+    `classify(batch, pipeline)`.
 
     Both frames derive from `batch`: persist it first if it is costly to read twice (a
     streaming micro-batch is), or persist the classified rows and split those.
     """
-    return split(classify(batch, pipeline), pipeline)
+    classified = classify(batch, pipeline)
+    return good_rows(classified, pipeline), bad_rows(classified)
 
 
 def classify(batch: "DataFrame", pipeline: JsonInput) -> "DataFrame":
     """The source's rows, each with its value parsed and the reason it is bad (null if good):
-    every column of `batch` and two more, which `split` reads.
+    every column of `batch` and two more, which `good_rows` and `bad_rows` read.
 
     The expressions are SQL text, not column objects: every column function is a call into
     the JVM, and building these for every micro-batch cost tens of milliseconds a batch."""
@@ -113,11 +116,6 @@ def classify(batch: "DataFrame", pipeline: JsonInput) -> "DataFrame":
 def reason(classified: "DataFrame") -> "Column":
     """The classified rows' reason column: why a row is bad, null for a good row."""
     return classified[_REASON_COLUMN]
-
-
-def split(classified: "DataFrame", pipeline: JsonInput) -> "tuple[DataFrame, DataFrame]":
-    """Classified rows as (good rows, bad rows): `good_rows` and `bad_rows`."""
-    return good_rows(classified, pipeline), bad_rows(classified)
 
 
 def good_rows(classified: "DataFrame", pipeline: JsonInput) -> "DataFrame":

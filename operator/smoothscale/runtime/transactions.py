@@ -162,21 +162,11 @@ class TaskProducer:
                     delivery = edge if index in (0, last) else None
                     try:
                         produce(
-                            topic,
-                            value,
-                            key,
-                            partition=task,
-                            on_delivery=delivery,
-                            headers=headers,
+                            topic, value, key, partition=task, on_delivery=delivery, headers=headers
                         )
                     except BufferError:
                         self._produce_when_room(
-                            topic,
-                            key=key,
-                            value=value,
-                            headers=headers,
-                            on_delivery=delivery,
-                            partition=task,
+                            topic, value, key, partition=task, on_delivery=delivery, headers=headers
                         )
             for user_key, output in outputs:
                 key, value = user_key.encode(), json_bytes(_OUTPUT_ENCODER, output)
@@ -186,12 +176,7 @@ class TaskProducer:
                     )
                 except BufferError:
                     self._produce_when_room(
-                        output_topic,
-                        key=key,
-                        value=value,
-                        headers=epoch_header,
-                        on_delivery=None,
-                        partition=_ANY_PARTITION,
+                        output_topic, value, key, partition=_ANY_PARTITION, headers=epoch_header
                     )
             if also is not None:
                 also(self._producer)
@@ -227,27 +212,14 @@ class TaskProducer:
         return remaining
 
     def _produce_when_room(
-        self,
-        topic: str,
-        *,
-        key: bytes,
-        value: bytes | None,
-        headers: Headers | None,
-        on_delivery: Callable[[KafkaError | None, Message], None] | None,
-        partition: int,
+        self, topic: str, value: bytes | None, key: bytes, **record: Any
     ) -> None:
-        """Produce one record once the producer's queue has room for it."""
+        """Produce one record (`record`: the producer's other arguments) once the producer's
+        queue has room for it."""
         while True:
             self._producer.poll(0.1)
             try:
-                self._producer.produce(
-                    topic,
-                    key=key,
-                    value=value,
-                    headers=headers,
-                    on_delivery=on_delivery,
-                    partition=partition,
-                )
+                self._producer.produce(topic, value, key, **record)
                 return
             except BufferError:
                 continue
