@@ -345,6 +345,40 @@ def test_a_task_taken_while_a_batch_commits_behind_is_read_by_the_batch_after(
     assert state == {"alice": 2}
 
 
+def test_a_task_released_while_a_batch_reads_it_is_released_after_the_batch_commits_it(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    """The old owner of a hand-over finishes its micro-batch first: ticks while a batch reads
+    leave the release to the batch's end, which commits the task's records and then releases
+    it at the position after them (released at once, the records read would be dropped, and
+    the task would stand still from the batch before)."""
+    pipeline = counting()
+    with active_instance(app_config(embedded_kafka, tmp_path), pipeline) as (instance, _m, config):
+        topic = config.input_topics[0]
+        reading = instance.batch_began()
+        operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+        operator.write("pod-a", Assignment(generation=2, tasks={}))
+        operator.close()
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:  # many ticks, each able to take the assignment
+            instance.tick()
+            time.sleep(0.05)
+        active_while_reading = instance.active_tasks()
+        instance.commit_behind(task_0_batch(topic, read_at=0, end=3, update=("alice", 3)), reading)
+        active_after = instance.active_tasks()
+        reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
+    try:
+        released = reader.reports("pod-a", PARTITIONS)[0]
+    finally:
+        reader.close()
+
+    outputs = read_committed(config.bootstrap_servers, config.output_topic, PARTITIONS)
+    assert active_while_reading == {0: 1}
+    assert active_after == {}
+    assert [(m.key(), m.value()) for m in outputs] == [(b"alice", b"3")]
+    assert released.role is ReportedRole.RELEASED
+
+
 def test_a_commit_that_fails_behind_fails_the_next_batch_and_the_next_tick(
     embedded_kafka: EmbeddedKafka, tmp_path: Path
 ) -> None:

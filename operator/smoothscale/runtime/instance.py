@@ -372,6 +372,9 @@ class Instance:
         self._in_flight: list[float] = []
         """When each micro-batch in flight began: one reading its input, and one whose commit
         runs behind it (`commit_behind`)."""
+        self._reading: float | None = None
+        """When the micro-batch reading its input now began, until it ends in `commit_behind`:
+        an assignment that stops one of its tasks waits for that end (`_between_batches`)."""
         self._committer: threading.Thread | None = None
         """The thread committing a micro-batch behind the next one's reading, if any."""
         self._committer_error: BaseException | None = None
@@ -512,13 +515,19 @@ class Instance:
         processor's timers), a test's. A streaming engine's batches read without the lock and
         end in `commit_behind`."""
         with self.lock:
-            started = self.batch_began()
+            started = self._began()
             try:
                 yield
             finally:
                 self.batch_ended(started)
 
     def batch_began(self) -> float:
+        """A streaming engine's micro-batch began reading, without the lock; returns its start,
+        for `commit_behind`."""
+        self._reading = self._began()
+        return self._reading
+
+    def _began(self) -> float:
         """A micro-batch began (for the stall watch); returns its start, for `batch_ended`."""
         started = time.monotonic()
         self._in_flight.append(started)
@@ -526,6 +535,8 @@ class Instance:
 
     def batch_ended(self, started: float) -> None:
         self._in_flight.remove(started)
+        if self._reading == started:
+            self._reading = None
         self._progressed_at = time.monotonic()
 
     def commit_behind(self, batch: BatchInput | None, started: float) -> None:
@@ -541,6 +552,8 @@ class Instance:
         applied before the engine plans the next batch, as a hand-over needs. A commit that
         failed behind fails the next call, or the next tick."""
         handed_over = False
+        if self._reading == started:
+            self._reading = None  # read: an assignment waiting for this end applies below
         try:
             self._join_committer()
             with self.lock:
@@ -672,12 +685,31 @@ class Instance:
         if self.stopping:
             return
         with self._pending_lock:
-            assignment, self._pending = self._pending, None
+            assignment = self._pending
+            if assignment is not None and not self._waits_for_batch(assignment):
+                self._pending = None
+            else:
+                assignment = None
         if assignment is not None:
             self._apply(assignment)
         self._activate_caught_up()
         if time.monotonic() - self._last_report >= self.config.report_interval:
             self._report()
+
+    def _waits_for_batch(self, assignment: Assignment) -> bool:
+        """Whether `assignment` waits for the end of the micro-batch reading now: it stops a
+        task active here (released, or taken at a new epoch), whose input that batch reads.
+        Applied now, the batch's records of the task would be dropped and read again by
+        the next owner, and the task would stand still from its last commit, up to a batch
+        before the release, until the next owner's first. Applied at the batch's end
+        (`commit_behind`), the old owner commits them, and releases right after."""
+        if self._reading is None or assignment.generation <= self._applied_generation:
+            return False
+        for task, active in self._active.items():
+            held = assignment.tasks.get(task)
+            if held is None or held.role is not TaskRole.ACTIVE or held.epoch != active.epoch:
+                return True
+        return False
 
     def _step_down(self, successor: str) -> None:
         """This process outlived its pod: another pod (`successor`) runs under its name. Let go
