@@ -107,11 +107,13 @@ def test_an_activation_that_restores_through_a_higher_writer_does_not_go_active(
     rival_writer = Writer(3, 7, 1)
     rivals: list[TaskProducer] = []
 
-    def rival_first(config: WorkerConfig, task: int, epoch: int) -> TaskProducer:
+    def rival_first(
+        config: WorkerConfig, task: int, epoch: int, client: Producer | None = None
+    ) -> TaskProducer:
         if not rivals:
             rivals.append(TaskProducer(config, task, rival_writer.epoch))
             rivals[0].commit({STORE: [marker(rival_writer, "pod-c")]})
-        return TaskProducer(config, task, epoch)
+        return TaskProducer(config, task, epoch, client=client)
 
     config = app_config(kafka_front, tmp_path)
     operator = AssignmentWriter(config.bootstrap_servers, config.app_id)

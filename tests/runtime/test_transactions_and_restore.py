@@ -23,8 +23,10 @@ from smoothscale.runtime.store import TaskState
 from smoothscale.runtime.transactions import (
     END_CALLS,
     CommitOutcomeUnknown,
+    ProducerFenced,
     TaskProducer,
     TransactionError,
+    task_client,
 )
 from smoothscale.runtime.writer import Writer
 from tests.runtime.kafka_helpers import read_committed, unique, wait_for
@@ -222,6 +224,31 @@ def test_an_abort_that_times_out_is_finished_before_the_next_transaction(
     producer.commit(batch(A, 1, {"alice": 1}, 1), [("alice", 1)])
     producer.close()
     assert slowable.outputs() == [1]
+
+
+def test_a_client_made_ahead_fences_the_owner_only_once_its_producer_is_initialised(
+    kafka_cluster: EmbeddedKafka, tmp_path: Path
+) -> None:
+    """An instance makes a task's producer client while the task warms up there, long before
+    it is given the task: meanwhile the owner commits as before, and only the producer
+    initialised on that client fences it (Kafka's fencing, through the front)."""
+    with KafkaFront(kafka_cluster) as front:
+        config = config_on(front, kafka_cluster, tmp_path)
+        owner = TaskProducer(config, task=0, epoch=1)
+        client = task_client(config, 0)
+        time.sleep(1)  # connected, as a warm-up's client is by its activation
+        owner.commit(batch(A, 1, {"alice": 1}, 1))
+        successor = TaskProducer(config, task=0, epoch=2, client=client)
+        with pytest.raises(ProducerFenced):
+            owner.commit(batch(A, 2, {"alice": 2}, 2))
+        successor.commit({STORE: [marker(B, "pod-b")]})
+        successor.close()
+        state = restored(config, 0, "fresh")
+    try:
+        assert state.snapshot(STORE) == {"alice": 1}
+        assert state.epoch(STORE) == 2
+    finally:
+        state.close()
 
 
 def test_restore_ignores_an_unfenced_zombie_after_the_new_owners_marker(

@@ -81,6 +81,7 @@ from smoothscale.runtime.transactions import (
     TaskLost,
     TaskProducer,
     TransactionError,
+    task_client,
 )
 from smoothscale.runtime.writer import Writer
 from smoothscale.tasks import TaskId, TaskRole
@@ -283,6 +284,9 @@ class _Activation:
     targets: dict[str, int] | None
     producer: TaskProducer | None = None
     """The task's producer, initialised at once for a failover (see `Instance._apply`)."""
+    client: Producer | None = None
+    """Otherwise the client its producer initialises at the marker, made while the task was a
+    warm-up or standby here (`task_client`), if it was."""
     marked: _Marked | None = None
 
     def waits_for(self) -> dict[str, int]:
@@ -329,6 +333,9 @@ class Instance:
         `after_batch` both poll it."""
         self._active: dict[TaskId, _Active] = {}
         self._activating: dict[TaskId, _Activation] = {}
+        self._clients: dict[TaskId, Producer] = {}
+        """Per task held here as a warm-up or standby: the client of its producer, connected
+        before it is given as active (`task_client`)."""
         self._released: dict[TaskId, TaskReport] = {}
         self._pipeline_errors: dict[TaskId, tuple[float, str]] = {}
         """Per active task, when the pipeline last raised on some of its records, and what."""
@@ -732,6 +739,7 @@ class Instance:
             if dropped is not None:
                 dropped.close()
         self._released, self._refused, self._fenced = {}, {}, {}
+        self._clients.clear()
         with self._reports_lock:
             self._latest_reports = {}
 
@@ -753,6 +761,7 @@ class Instance:
                 active = self._active.pop(task)
                 active.producer.close()
                 active.state.close()
+            self._clients.clear()
         finally:
             if acquired:
                 self.lock.release()
@@ -1241,6 +1250,8 @@ class Instance:
                 state.close()
         for task in sorted(set(self._activating) - set(wanted)):
             self._activating.pop(task).close()
+        for task in set(self._clients) - set(wanted):
+            del self._clients[task]
         for task in sorted(self._restore.tasks() - set(wanted)):
             dropped = self._restore.unfollow(task)
             if dropped is not None:
@@ -1254,6 +1265,7 @@ class Instance:
             starts = held.role is TaskRole.ACTIVE and (
                 activation is None or activation.epoch != held.epoch
             )
+            client = self._clients.pop(task, None) if starts else None
             producer = None
             if starts and held.restore_until is None:
                 # A failover: the previous owner may have died, or live on, in the middle of a
@@ -1261,7 +1273,7 @@ class Instance:
                 # Kafka, at its timeout). Initialising the task's producer first, before
                 # anything of the task is read, aborts it, and fences the previous owner if it
                 # lives on.
-                producer = TaskProducer(self.config, task, held.epoch)
+                producer, client = TaskProducer(self.config, task, held.epoch, client=client), None
             if task not in followed:
                 self._restore.follow(self._open_state(task))
             if starts:
@@ -1272,9 +1284,12 @@ class Instance:
                     targets = end_offsets(
                         self._offsets, self.config.changelog_topics(), task, timeout=10
                     )
-                self._activating[task] = _Activation(held.epoch, dict(targets), producer)
-            elif held.role is not TaskRole.ACTIVE and activation is not None:
-                self._activating.pop(task).close()
+                self._activating[task] = _Activation(held.epoch, dict(targets), producer, client)
+            elif held.role is not TaskRole.ACTIVE:
+                if activation is not None:
+                    self._activating.pop(task).close()
+                if task not in self._clients:
+                    self._clients[task] = task_client(self.config, task)
         self._report()
 
     def _activate_caught_up(self) -> None:
@@ -1435,8 +1450,10 @@ class Instance:
         applies it too); whatever it commits after it is ignored."""
         epoch = activation.epoch
         writer = Writer.next_after(epoch, state.highest_writer())
-        producer = activation.producer or TaskProducer(self.config, task, epoch)
-        activation.producer = None  # the marked activation owns it from here
+        producer = activation.producer or TaskProducer(
+            self.config, task, epoch, client=activation.client
+        )
+        activation.producer = activation.client = None  # the marked activation owns it now
         markers = {store: [marker(writer, self.config.instance_id)] for store in state.stores}
         try:
             for _ in range(MARKER_ATTEMPTS - 1):
