@@ -903,8 +903,9 @@ class ScalingSummary(ApiModel):
     hand_overs: Annotated[int, Field(strict=True, ge=0)] = 0
     """Tasks handed over from one instance to another during the change."""
     longest_hand_over_seconds: Annotated[float, Field(ge=0)] | None = None
-    """The longest time a task was without an active owner during a hand-over (revoke to
-    the new owner reporting it active)."""
+    """The longest hand-over, from the operator asking the old owner to release the task to
+    the new owner reporting it active. The old owner processes the task until the end of its
+    micro-batch, so the task stands still for less than this."""
 
 
 class StreamingAppStatus(ApiModel):

@@ -356,7 +356,7 @@ class AppController:
         )
         self._record(snapshot, now)
         if any(owner.handover is not None for owner in result.ledger.tasks.values()):
-            # A task is without an active owner until the release is seen: look often.
+            # The new owner waits for the operator to see the release: look often.
             return min(scaling.lag_poll_interval, HANDOVER_POLL_INTERVAL)
         moving = busy(result.ledger) or bool(self._draining_since) or bool(self._handovers)
         starting = any(not pod.ready for pod in live.values()) or len(live) != desired
@@ -795,8 +795,8 @@ class AppController:
             self.events(
                 "Normal",
                 "HandedOver",
-                f"task {task}: {owner.active} is active (epoch {owner.epoch}); the task was "
-                f"without an active owner for {seconds:.1f} s",
+                f"task {task}: {owner.active} is active (epoch {owner.epoch}), {seconds:.1f} s "
+                "after its old owner was asked to release it",
             )
             if self._scaling is not None and self._scaling.finished is None:
                 longest = max(self._scaling.longest_hand_over_seconds or 0.0, seconds)
