@@ -379,6 +379,27 @@ def test_a_task_released_while_a_batch_reads_it_is_released_after_the_batch_comm
     assert released.role is ReportedRole.RELEASED
 
 
+def test_a_task_released_while_a_stalled_batch_reads_it_is_released_at_once(
+    embedded_kafka: EmbeddedKafka, tmp_path: Path
+) -> None:
+    """A batch reading for longer than the stall timeout is not waited for: the operator has
+    failed the stalled instance's tasks over, and the batch, should it end after all, commits
+    nothing of the task it was told to let go."""
+    config = app_config(embedded_kafka, tmp_path).model_copy(update={"stall_timeout": 0.5})
+    pipeline = counting()
+    with active_instance(config, pipeline) as (instance, _m, config):
+        topic = config.input_topics[0]
+        reading = instance.batch_began()
+        time.sleep(0.6)
+        operator = AssignmentWriter(config.bootstrap_servers, config.app_id)
+        operator.write("pod-a", Assignment(generation=2, tasks={}))
+        operator.close()
+        wait_for(lambda: bool(instance.tick() or not instance.active_tasks()), 10, "the release")
+        instance.commit_behind(task_0_batch(topic, read_at=0, end=3, update=("alice", 3)), reading)
+
+    assert read_committed(config.bootstrap_servers, config.output_topic, PARTITIONS) == []
+
+
 def test_a_commit_that_fails_behind_fails_the_next_batch_and_the_next_tick(
     embedded_kafka: EmbeddedKafka, tmp_path: Path
 ) -> None:

@@ -559,11 +559,11 @@ class Instance:
         applied before the engine plans the next batch, as a hand-over needs. A commit that
         failed behind fails the next call, or the next tick."""
         handed_over = False
-        if self._reading == started:
-            self._reading = None  # read: an assignment waiting for this end applies below
         try:
             self._join_committer()
             with self.lock:
+                if self._reading == started:
+                    self._reading = None  # read: an assignment waiting for it applies below
                 if self.stopping:
                     return  # shut down or replaced meanwhile: nothing more is committed
                 self._poll_assignment()
@@ -709,8 +709,13 @@ class Instance:
         Applied now, the batch's records of the task would be dropped and read again by
         the next owner, and the task would stand still from its last commit, up to a batch
         before the release, until the next owner's first. Applied at the batch's end
-        (`commit_behind`), the old owner commits them, and releases right after."""
+        (`commit_behind`), the old owner commits them, and releases right after. A batch
+        reading for longer than the stall timeout is not waited for: the operator fails the
+        tasks of a stalled instance over, and its word to let them go applies at once, so that
+        the batch, should it end after all, commits nothing of them."""
         if self._reading is None or assignment.generation <= self._applied_generation:
+            return False
+        if time.monotonic() - self._reading > self.config.stall_timeout:
             return False
         for task, active in self._active.items():
             held = assignment.tasks.get(task)
