@@ -18,7 +18,7 @@ from pyspark.sql import SparkSession
 
 from devstack.kafka.embedded import EmbeddedKafka
 from smoothscale.kafka.assignments import Assignment, AssignmentWriter, TaskAssignment
-from smoothscale.kafka.progress import ProgressReader, ReportedRole
+from smoothscale.kafka.progress import ProgressReader, ReportedRole, TaskReport
 from smoothscale.runtime.config import WorkerConfig
 from smoothscale.runtime.instance import BatchInput, Instance
 from smoothscale.runtime.metrics import InstanceMetrics
@@ -267,6 +267,15 @@ def test_a_batch_with_no_input_commits_nothing(
     assert position == {(config.input_topics[0], 0): 0}
 
 
+def task_0_report(config: WorkerConfig) -> TaskReport:
+    """What pod-a reported last of task 0."""
+    reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
+    try:
+        return reader.reports("pod-a", PARTITIONS)[0]
+    finally:
+        reader.close()
+
+
 def task_0_batch(topic: str, read_at: int, end: int, update: tuple[str, int]) -> BatchInput:
     """A batch of task 0 as a micro-batch hands it to the instance: its rows read from `read_at`
     up to `end`, one update."""
@@ -299,16 +308,11 @@ def test_a_shutdown_right_after_a_batch_commits_the_batch_first(
     """The batch's commit runs behind it: the shutdown that follows at once (SIGTERM) still
     finds it committed before it releases the task, at the position after it."""
     pipeline = counting()
-    reader = None
     with active_instance(app_config(embedded_kafka, tmp_path), pipeline) as (instance, m, config):
         topic = config.input_topics[0]
         rows = [user_record(topic, offset, "alice") for offset in range(3)]
         MicroBatch(instance, pipeline, m)(spark.createDataFrame(rows, SCHEMA), 0)
-        reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
-    try:
-        released = reader.reports("pod-a", PARTITIONS)[0]
-    finally:
-        reader.close()
+    released = task_0_report(config)
 
     outputs = read_committed(config.bootstrap_servers, config.output_topic, PARTITIONS)
     assert [(m.key(), m.value()) for m in outputs] == [(b"alice", b"3")]
@@ -366,11 +370,7 @@ def test_a_task_released_while_a_batch_reads_it_is_released_after_the_batch_comm
         active_while_reading = instance.active_tasks()
         instance.commit_behind(task_0_batch(topic, read_at=0, end=3, update=("alice", 3)), reading)
         active_after = instance.active_tasks()
-        reader = ProgressReader(config.bootstrap_servers, config.app_id, config.changelog_topics())
-    try:
-        released = reader.reports("pod-a", PARTITIONS)[0]
-    finally:
-        reader.close()
+    released = task_0_report(config)
 
     outputs = read_committed(config.bootstrap_servers, config.output_topic, PARTITIONS)
     assert active_while_reading == {0: 1}
