@@ -126,7 +126,7 @@ class TaskProducer:
         self.delivered: dict[str, ChangelogSpan] = {}
         """Per store, where the last committed transaction's changelog records went (to verify
         that nobody else wrote between them, see `instance`)."""
-        self._producer = client or task_client(config, task)
+        self._producer = client if client is not None else task_client(config, task)
         try:
             self._producer.init_transactions(timeout)
         except KafkaException as error:
